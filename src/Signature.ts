@@ -1,0 +1,203 @@
+/**
+ * HMAC-SHA256 signatures of the Rebuno protocol (PROTOCOL 3 and 17.B): the
+ * `sha256=` body signature used by agent → kernel requests and kernel → agent
+ * webhooks, and the optional `v1=` request signature that also binds method,
+ * target, time and lease. Built on Web Crypto, so it runs on any modern runtime;
+ * imported keys are cached per secret, and every comparison is constant time over
+ * the whole header value.
+ *
+ * @since 0.1.0
+ */
+import * as Effect from "effect/Effect"
+import * as Redacted from "effect/Redacted"
+
+/**
+ * An HMAC secret, plain or redacted; it is used as its UTF-8 bytes.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Secret = Redacted.Redacted<string> | string
+
+/**
+ * What a `v1=` request signature covers (PROTOCOL 17.B). `dispatchId` and
+ * `dispatchAttempt` are the header values as sent, `""` when not sent.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface V1Request {
+  /** Method as sent, e.g. `GET`, `POST`. */
+  readonly method: string
+  /** Path plus `?` and raw query exactly as on the request line (`url.pathname + url.search`). */
+  readonly target: string
+  /** `Rebuno-Timestamp` value: decimal Unix seconds. */
+  readonly timestamp: string
+  /** `Rebuno-Dispatch-Id` value, or `""`. */
+  readonly dispatchId: string
+  /** `Rebuno-Dispatch-Attempt` value, or `""`. */
+  readonly dispatchAttempt: string
+  /** Raw body bytes (a string is signed as its UTF-8 bytes); empty for GET and heartbeat. */
+  readonly body: Uint8Array | string
+}
+
+/**
+ * Half-width of the `v1` freshness window, in seconds (inclusive).
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const v1WindowSeconds = 300
+
+const encoder = new TextEncoder()
+
+const HEX_BYTE: ReadonlyArray<string> = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, "0"))
+
+const toHex = (buffer: ArrayBuffer): string => {
+  const bytes = new Uint8Array(buffer)
+  let out = ""
+  for (let i = 0; i < bytes.length; i++) out += HEX_BYTE[bytes[i]!]!
+  return out
+}
+
+const secretText = (secret: Secret): string => (Redacted.isRedacted(secret) ? Redacted.value(secret) : secret)
+
+const toBytes = (body: Uint8Array | string): Uint8Array<ArrayBuffer> =>
+  typeof body === "string"
+    ? encoder.encode(body)
+    : body.buffer instanceof ArrayBuffer
+    ? (body as Uint8Array<ArrayBuffer>)
+    : new Uint8Array(body)
+
+const MAX_CACHED_KEYS = 1024
+const keyCache = new Map<string, Promise<CryptoKey>>()
+
+const hmacKey = (secret: string): Promise<CryptoKey> => {
+  let key = keyCache.get(secret)
+  if (key === undefined) {
+    if (keyCache.size >= MAX_CACHED_KEYS) keyCache.clear()
+    key = globalThis.crypto.subtle.importKey(
+      "raw",
+      encoder.encode(secret),
+      { name: "HMAC", hash: "SHA-256" },
+      false,
+      ["sign"]
+    )
+    keyCache.set(secret, key)
+    key.catch(() => keyCache.delete(secret))
+  }
+  return key
+}
+
+const hmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
+  Effect.promise(async () => {
+    const key = await hmacKey(secretText(secret))
+    return toHex(await globalThis.crypto.subtle.sign("HMAC", key, message))
+  })
+
+/**
+ * Compares two strings in time that depends only on their lengths, never on where
+ * they differ. Strings of different lengths are compared over the longer length
+ * and then reported unequal.
+ *
+ * @since 0.1.0
+ * @category comparison
+ */
+export const timingSafeEqual = (a: string, b: string): boolean => {
+  const n = a.length > b.length ? a.length : b.length
+  let diff = a.length ^ b.length
+  for (let i = 0; i < n; i++) {
+    // Out-of-range charCodeAt is NaN, which `| 0` turns into 0.
+    diff |= (a.charCodeAt(i) | 0) ^ (b.charCodeAt(i) | 0)
+  }
+  return diff === 0
+}
+
+/**
+ * The `Rebuno-Signature` value of a body (PROTOCOL 3.2, 3.5):
+ * `sha256=` + lowercase hex HMAC-SHA256(secret, body bytes).
+ *
+ * @example
+ * sign("hello-secret", "") // "sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703"
+ *
+ * @since 0.1.0
+ * @category signing
+ */
+export const sign = (secret: Secret, body: Uint8Array | string): Effect.Effect<string> =>
+  Effect.map(hmacHex(secret, toBytes(body)), (hex) => "sha256=" + hex)
+
+/**
+ * Checks a `sha256=` signature header against the body: the expected value is
+ * compared with the whole header value in constant time, so uppercase hex, a
+ * missing prefix or any other scheme fails.
+ *
+ * @since 0.1.0
+ * @category verifying
+ */
+export const verify = (
+  secret: Secret,
+  body: Uint8Array | string,
+  header: string | null | undefined
+): Effect.Effect<boolean> =>
+  typeof header !== "string" || header.length === 0
+    ? Effect.succeed(false)
+    : Effect.map(sign(secret, body), (expected) => timingSafeEqual(expected, header))
+
+const v1Message = (req: V1Request): Uint8Array<ArrayBuffer> => {
+  const head = encoder.encode(
+    "rebuno-request-v1\n" +
+      req.method + "\n" +
+      req.target + "\n" +
+      req.timestamp + "\n" +
+      req.dispatchId + "\n" +
+      req.dispatchAttempt + "\n"
+  )
+  const body = typeof req.body === "string" ? encoder.encode(req.body) : req.body
+  if (body.length === 0) return head
+  const message = new Uint8Array(head.length + body.length)
+  message.set(head, 0)
+  message.set(body, head.length)
+  return message
+}
+
+/**
+ * The `v1=` request signature (PROTOCOL 17.B): `v1=` + lowercase hex
+ * HMAC-SHA256(secret, message), where the message is `rebuno-request-v1`, method,
+ * target, timestamp, dispatch id and dispatch attempt, each followed by LF, then
+ * the raw body.
+ *
+ * @since 0.1.0
+ * @category signing
+ */
+export const signV1 = (secret: Secret, req: V1Request): Effect.Effect<string> =>
+  Effect.map(hmacHex(secret, v1Message(req)), (hex) => "v1=" + hex)
+
+const hasLineBreak = (s: string): boolean => s.includes("\n") || s.includes("\r")
+
+const DECIMAL = /^[+-]?[0-9]+$/
+
+/**
+ * Checks a `v1=` signature: the header values must not contain CR or LF, the
+ * timestamp must be a base-10 integer within {@link v1WindowSeconds} of
+ * `nowSeconds` (inclusive on both sides), and the recomputed signature must equal
+ * the whole `signature` value (constant-time comparison).
+ *
+ * @since 0.1.0
+ * @category verifying
+ */
+export const verifyV1 = (
+  secret: Secret,
+  req: V1Request,
+  signature: string,
+  nowSeconds: number
+): Effect.Effect<boolean> => {
+  if (hasLineBreak(req.timestamp) || hasLineBreak(req.dispatchId) || hasLineBreak(req.dispatchAttempt)) {
+    return Effect.succeed(false)
+  }
+  if (!DECIMAL.test(req.timestamp)) return Effect.succeed(false)
+  const timestamp = Number(req.timestamp)
+  if (!(timestamp >= nowSeconds - v1WindowSeconds && timestamp <= nowSeconds + v1WindowSeconds)) {
+    return Effect.succeed(false)
+  }
+  return Effect.map(signV1(secret, req), (expected) => timingSafeEqual(expected, signature))
+}

@@ -1,0 +1,924 @@
+/**
+ * Hand-written JSON text processing for the wire protocol: the canonical JSON of
+ * step identity (PROTOCOL 8.3), the echo re-encoding of stored raw values (2.8),
+ * strict top-level object decoding for kernel request bodies (2.3), Go-style string
+ * quoting, and a strict serialiser for SDK values. Everything here works on JSON
+ * *text* and keeps number literals verbatim, which `JSON.parse` cannot do. These
+ * functions run on every step in the kernel, so they scan with `charCodeAt` and
+ * build output from slices of the input rather than per-character concatenation.
+ *
+ * The parsers share module-level scanning state; they never call user code, so
+ * they cannot be re-entered while running.
+ *
+ * @since 0.1.0
+ */
+
+// ---------------------------------------------------------------------------
+// Escape tables
+// ---------------------------------------------------------------------------
+
+const HEX = "0123456789abcdef"
+
+/** Go `encoding/json` (HTML-escaping) output for ASCII characters that need escaping. */
+const ASCII_ESCAPES: ReadonlyArray<string | undefined> = (() => {
+  const table: Array<string | undefined> = new Array(128).fill(undefined)
+  for (let c = 0; c < 0x20; c++) {
+    table[c] = "\\u00" + HEX[c >> 4] + HEX[c & 0xf]
+  }
+  table[0x08] = "\\b"
+  table[0x0c] = "\\f"
+  table[0x0a] = "\\n"
+  table[0x0d] = "\\r"
+  table[0x09] = "\\t"
+  table[0x22] = "\\\""
+  table[0x5c] = "\\\\"
+  table[0x3c] = "\\u003c"
+  table[0x3e] = "\\u003e"
+  table[0x26] = "\\u0026"
+  return table
+})()
+
+const REPLACEMENT = "\ufffd"
+const MAX_DEPTH = 10_000
+
+const isHighSurrogate = (c: number): boolean => c >= 0xd800 && c <= 0xdbff
+const isLowSurrogate = (c: number): boolean => c >= 0xdc00 && c <= 0xdfff
+
+/** Escape written by Go's compactor for a raw `<`, `>`, `&`, U+2028 or U+2029. */
+const htmlEscape = (c: number): string =>
+  c === 0x2028 ? "\\u2028" : c === 0x2029 ? "\\u2029" : (ASCII_ESCAPES[c] as string)
+
+const PLAIN = 0
+const QUOTE = 1
+const BACKSLASH = 2
+const CONTROL = 3
+const HTML = 4
+
+/** Class of each ASCII character inside a JSON string. */
+const ASCII_CLASS: Uint8Array = (() => {
+  const table = new Uint8Array(128)
+  for (let c = 0; c < 0x20; c++) table[c] = CONTROL
+  table[0x22] = QUOTE
+  table[0x5c] = BACKSLASH
+  table[0x3c] = HTML
+  table[0x3e] = HTML
+  table[0x26] = HTML
+  return table
+})()
+
+/** True for the short escapes whose decoded character Go writes back the same way. */
+const isSelfCanonicalEscape = (e: number): boolean =>
+  e === 0x22 || e === 0x5c || e === 0x62 || e === 0x66 || e === 0x6e || e === 0x72 || e === 0x74
+
+// ---------------------------------------------------------------------------
+// Shared scanning state
+// ---------------------------------------------------------------------------
+
+let src = ""
+let len = 0
+let pos = 0
+/** Set by `readString`: the raw text of the string just read is already its canonical quoted form. */
+let stringClean = false
+/** Output chunks of `compact`; `undefined` when only validating. */
+let chunks: Array<string> | undefined
+let segStart = 0
+
+const begin = (text: string): void => {
+  src = text
+  len = text.length
+  pos = 0
+  chunks = undefined
+  segStart = 0
+}
+
+const end = (): void => {
+  src = ""
+  len = 0
+  chunks = undefined
+}
+
+/** Skips JSON whitespace; while compacting, the skipped run is cut out of the output. */
+const skipWs = (): void => {
+  let p = pos
+  while (p < len) {
+    const c = src.charCodeAt(p)
+    if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) p++
+    else break
+  }
+  if (p !== pos) {
+    if (chunks !== undefined) {
+      if (pos > segStart) chunks.push(src.slice(segStart, pos))
+      segStart = p
+    }
+    pos = p
+  }
+}
+
+const isDigit = (c: number): boolean => c >= 0x30 && c <= 0x39
+
+/** Scans a number literal at `pos` (JSON grammar, as strict as Go's scanner). */
+const scanNumber = (): boolean => {
+  let p = pos
+  if (src.charCodeAt(p) === 0x2d) p++
+  let c = src.charCodeAt(p)
+  if (c === 0x30) {
+    p++
+  } else if (c >= 0x31 && c <= 0x39) {
+    p++
+    while (isDigit(src.charCodeAt(p))) p++
+  } else {
+    return false
+  }
+  if (src.charCodeAt(p) === 0x2e) {
+    p++
+    if (!isDigit(src.charCodeAt(p))) return false
+    p++
+    while (isDigit(src.charCodeAt(p))) p++
+  }
+  c = src.charCodeAt(p)
+  if (c === 0x65 || c === 0x45) {
+    p++
+    c = src.charCodeAt(p)
+    if (c === 0x2b || c === 0x2d) p++
+    if (!isDigit(src.charCodeAt(p))) return false
+    p++
+    while (isDigit(src.charCodeAt(p))) p++
+  }
+  pos = p
+  return true
+}
+
+const scanLiteral = (word: string): boolean => {
+  if (src.startsWith(word, pos)) {
+    pos += word.length
+    return true
+  }
+  return false
+}
+
+const hexValue = (c: number): number => {
+  if (c >= 0x30 && c <= 0x39) return c - 0x30
+  if (c >= 0x61 && c <= 0x66) return c - 0x57
+  if (c >= 0x41 && c <= 0x46) return c - 0x37
+  return -1
+}
+
+/** The 4 hex digits at `p` as a number, or -1. */
+const hex4 = (p: number): number => {
+  if (p + 4 > len) return -1
+  const a = hexValue(src.charCodeAt(p))
+  const b = hexValue(src.charCodeAt(p + 1))
+  const c = hexValue(src.charCodeAt(p + 2))
+  const d = hexValue(src.charCodeAt(p + 3))
+  if ((a | b | c | d) < 0) return -1
+  return (a << 12) | (b << 8) | (c << 4) | d
+}
+
+/**
+ * Reads and decodes the string starting at `pos` (which holds `"`), following Go's
+ * decoder: escapes decoded, lone surrogates (escaped or raw) become U+FFFD, a valid
+ * escaped pair becomes one astral character. Sets `stringClean`.
+ */
+const readString = (): string | undefined => {
+  const text = src
+  const n = len
+  const start = pos + 1
+  let p = start
+  let clean = true
+  for (;;) {
+    if (p >= n) return undefined
+    const c = text.charCodeAt(p)
+    if (c < 0x80) {
+      const k = ASCII_CLASS[c]
+      if (k === PLAIN) {
+        p++
+        continue
+      }
+      if (k === QUOTE) {
+        pos = p + 1
+        stringClean = clean
+        return text.slice(start, p)
+      }
+      if (k === BACKSLASH) break
+      if (k === CONTROL) return undefined
+      clean = false
+    } else if (c === 0x2028 || c === 0x2029) {
+      clean = false
+    } else if (c >= 0xd800 && c <= 0xdfff) {
+      if (isHighSurrogate(c) && isLowSurrogate(text.charCodeAt(p + 1))) {
+        p += 2
+        continue
+      }
+      break // a raw lone surrogate: decode it on the slow path
+    }
+    p++
+  }
+  // Slow path: escapes or raw lone surrogates.
+  const parts: Array<string> = []
+  let seg = start
+  for (;;) {
+    if (p >= len) return undefined
+    const c = src.charCodeAt(p)
+    if (c === 0x22) {
+      if (p > seg) parts.push(src.slice(seg, p))
+      pos = p + 1
+      stringClean = false
+      return parts.join("")
+    }
+    if (c === 0x5c) {
+      if (p > seg) parts.push(src.slice(seg, p))
+      const e = src.charCodeAt(p + 1)
+      switch (e) {
+        case 0x22:
+          parts.push("\"")
+          p += 2
+          break
+        case 0x5c:
+          parts.push("\\")
+          p += 2
+          break
+        case 0x2f:
+          parts.push("/")
+          p += 2
+          break
+        case 0x62:
+          parts.push("\b")
+          p += 2
+          break
+        case 0x66:
+          parts.push("\f")
+          p += 2
+          break
+        case 0x6e:
+          parts.push("\n")
+          p += 2
+          break
+        case 0x72:
+          parts.push("\r")
+          p += 2
+          break
+        case 0x74:
+          parts.push("\t")
+          p += 2
+          break
+        case 0x75: {
+          const u = hex4(p + 2)
+          if (u < 0) return undefined
+          if (u >= 0xd800 && u <= 0xdfff) {
+            if (isHighSurrogate(u) && src.charCodeAt(p + 6) === 0x5c && src.charCodeAt(p + 7) === 0x75) {
+              const u2 = hex4(p + 8)
+              if (isLowSurrogate(u2)) {
+                parts.push(String.fromCharCode(u, u2))
+                p += 12
+                break
+              }
+            }
+            parts.push(REPLACEMENT)
+          } else {
+            parts.push(String.fromCharCode(u))
+          }
+          p += 6
+          break
+        }
+        default:
+          return undefined
+      }
+      seg = p
+      continue
+    }
+    if (c < 0x20) return undefined
+    if (c >= 0xd800 && c <= 0xdfff) {
+      if (isHighSurrogate(c) && isLowSurrogate(src.charCodeAt(p + 1))) {
+        p += 2
+        continue
+      }
+      if (p > seg) parts.push(src.slice(seg, p))
+      parts.push(REPLACEMENT)
+      p++
+      seg = p
+      continue
+    }
+    p++
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Validating walk (used by compact and parseObjectMembers)
+// ---------------------------------------------------------------------------
+
+/** Validates the string at `pos`; while compacting, escapes raw `<>&` U+2028 U+2029. */
+const walkString = (): boolean => {
+  const text = src
+  const n = len
+  let p = pos + 1
+  for (;;) {
+    if (p >= n) return false
+    const c = text.charCodeAt(p)
+    if (c < 0x80) {
+      const k = ASCII_CLASS[c]
+      if (k === PLAIN) {
+        p++
+        continue
+      }
+      if (k === QUOTE) {
+        pos = p + 1
+        return true
+      }
+      if (k === BACKSLASH) {
+        const e = text.charCodeAt(p + 1)
+        if (e === 0x75) {
+          if (hex4(p + 2) < 0) return false
+          p += 6
+        } else if (isSelfCanonicalEscape(e) || e === 0x2f) {
+          p += 2
+        } else {
+          return false
+        }
+        continue
+      }
+      if (k === CONTROL) return false
+    } else if (c !== 0x2028 && c !== 0x2029) {
+      p++
+      continue
+    }
+    // A raw `<`, `>`, `&`, U+2028 or U+2029.
+    if (chunks !== undefined) {
+      if (p > segStart) chunks.push(text.slice(segStart, p))
+      chunks.push(htmlEscape(c))
+      segStart = p + 1
+    }
+    p++
+  }
+}
+
+const walkValue = (depth: number): boolean => {
+  const c = src.charCodeAt(pos)
+  switch (c) {
+    case 0x7b: { // {
+      if (depth >= MAX_DEPTH) return false
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === 0x7d) {
+        pos++
+        return true
+      }
+      for (;;) {
+        if (src.charCodeAt(pos) !== 0x22 || !walkString()) return false
+        skipWs()
+        if (src.charCodeAt(pos) !== 0x3a) return false
+        pos++
+        skipWs()
+        if (!walkValue(depth + 1)) return false
+        skipWs()
+        const d = src.charCodeAt(pos)
+        pos++
+        if (d === 0x7d) return true
+        if (d !== 0x2c) return false
+        skipWs()
+      }
+    }
+    case 0x5b: { // [
+      if (depth >= MAX_DEPTH) return false
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === 0x5d) {
+        pos++
+        return true
+      }
+      for (;;) {
+        if (!walkValue(depth + 1)) return false
+        skipWs()
+        const d = src.charCodeAt(pos)
+        pos++
+        if (d === 0x5d) return true
+        if (d !== 0x2c) return false
+        skipWs()
+      }
+    }
+    case 0x22:
+      return walkString()
+    case 0x74:
+      return scanLiteral("true")
+    case 0x66:
+      return scanLiteral("false")
+    case 0x6e:
+      return scanLiteral("null")
+    default:
+      return scanNumber()
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Canonical JSON (8.3)
+// ---------------------------------------------------------------------------
+
+/** Orders strings by Unicode code point (= UTF-8 byte order), not UTF-16 code unit. */
+const compareCodePoints = (a: string, b: string): number => {
+  const n = a.length < b.length ? a.length : b.length
+  for (let i = 0; i < n; i++) {
+    const x = a.charCodeAt(i)
+    const y = b.charCodeAt(i)
+    if (x !== y) {
+      if (x >= 0xd800 && y >= 0xd800) {
+        // Surrogates (astral characters) sort after U+E000..U+FFFF.
+        const fx = x >= 0xe000 ? x - 0x800 : x + 0x2000
+        const fy = y >= 0xe000 ? y - 0x800 : y + 0x2000
+        return fx - fy
+      }
+      return x - y
+    }
+  }
+  return a.length - b.length
+}
+
+/**
+ * Reads the string at `pos` and returns its canonical quoted form directly from
+ * the raw text (decode + Go re-escape in one pass), copying runs that need no
+ * change. Escapes whose canonical form is identical to the input are kept in place.
+ */
+const canonString = (): string | undefined => {
+  const text = src
+  const n = len
+  const start = pos
+  let p = start + 1
+  let out = ""
+  let seg = start
+  for (;;) {
+    if (p >= n) return undefined
+    const c = text.charCodeAt(p)
+    if (c < 0x80) {
+      const k = ASCII_CLASS[c]
+      if (k === PLAIN) {
+        p++
+        continue
+      }
+      if (k === QUOTE) {
+        pos = p + 1
+        return seg === start ? text.slice(start, pos) : out + text.slice(seg, pos)
+      }
+      if (k === CONTROL) return undefined
+      if (k === HTML) {
+        out += text.slice(seg, p) + ASCII_ESCAPES[c]
+        p++
+        seg = p
+        continue
+      }
+      // Backslash.
+      const e = text.charCodeAt(p + 1)
+      if (isSelfCanonicalEscape(e)) {
+        p += 2
+        continue
+      }
+      if (e === 0x2f) {
+        out += text.slice(seg, p) + "/"
+        p += 2
+        seg = p
+        continue
+      }
+      if (e !== 0x75) return undefined
+      const u = hex4(p + 2)
+      if (u < 0) return undefined
+      let rep: string
+      let consumed = 6
+      if (u < 0x80) {
+        rep = ASCII_ESCAPES[u] ?? String.fromCharCode(u)
+      } else if (u === 0x2028 || u === 0x2029) {
+        rep = htmlEscape(u)
+      } else if (u >= 0xd800 && u <= 0xdfff) {
+        rep = REPLACEMENT
+        if (isHighSurrogate(u) && text.charCodeAt(p + 6) === 0x5c && text.charCodeAt(p + 7) === 0x75) {
+          const u2 = hex4(p + 8)
+          if (isLowSurrogate(u2)) {
+            rep = String.fromCharCode(u, u2)
+            consumed = 12
+          }
+        }
+      } else {
+        rep = String.fromCharCode(u)
+      }
+      // `\u0001`, `\u003c`, `\u2028` … are already canonical when written in lowercase.
+      if (rep.length !== 6 || !text.startsWith(rep, p)) {
+        out += text.slice(seg, p) + rep
+        seg = p + consumed
+      }
+      p += consumed
+      continue
+    }
+    if (c === 0x2028 || c === 0x2029) {
+      out += text.slice(seg, p) + htmlEscape(c)
+      p++
+      seg = p
+    } else if (c >= 0xd800 && c <= 0xdfff) {
+      if (isHighSurrogate(c) && isLowSurrogate(text.charCodeAt(p + 1))) {
+        p += 2
+        continue
+      }
+      out += text.slice(seg, p) + REPLACEMENT
+      p++
+      seg = p
+    } else {
+      p++
+    }
+  }
+}
+
+const canonValue = (depth: number): string | undefined => {
+  const c = src.charCodeAt(pos)
+  switch (c) {
+    case 0x7b: { // {
+      if (depth >= MAX_DEPTH) return undefined
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === 0x7d) {
+        pos++
+        return "{}"
+      }
+      const members = new Map<string, string>()
+      for (;;) {
+        if (src.charCodeAt(pos) !== 0x22) return undefined
+        const keyStart = pos
+        const key = readString()
+        if (key === undefined) return undefined
+        const quotedKey = stringClean ? src.slice(keyStart, pos) : quoteString(key)
+        skipWs()
+        if (src.charCodeAt(pos) !== 0x3a) return undefined
+        pos++
+        skipWs()
+        const value = canonValue(depth + 1)
+        if (value === undefined) return undefined
+        members.set(key, quotedKey + ":" + value)
+        skipWs()
+        const d = src.charCodeAt(pos)
+        pos++
+        if (d === 0x7d) break
+        if (d !== 0x2c) return undefined
+        skipWs()
+      }
+      if (members.size === 1) return "{" + members.values().next().value + "}"
+      const keys = Array.from(members.keys()).sort(compareCodePoints)
+      let out = "{"
+      for (let i = 0; i < keys.length; i++) {
+        if (i > 0) out += ","
+        out += members.get(keys[i]!)!
+      }
+      return out + "}"
+    }
+    case 0x5b: { // [
+      if (depth >= MAX_DEPTH) return undefined
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === 0x5d) {
+        pos++
+        return "[]"
+      }
+      let out = "["
+      for (;;) {
+        const value = canonValue(depth + 1)
+        if (value === undefined) return undefined
+        out += value
+        skipWs()
+        const d = src.charCodeAt(pos)
+        pos++
+        if (d === 0x5d) return out + "]"
+        if (d !== 0x2c) return undefined
+        out += ","
+        skipWs()
+      }
+    }
+    case 0x22:
+      return canonString()
+    case 0x74:
+      return scanLiteral("true") ? "true" : undefined
+    case 0x66:
+      return scanLiteral("false") ? "false" : undefined
+    case 0x6e:
+      return scanLiteral("null") ? "null" : undefined
+    default: {
+      const start = pos
+      return scanNumber() ? src.slice(start, pos) : undefined
+    }
+  }
+}
+
+/**
+ * Canonical JSON of PROTOCOL 8.3 from raw JSON text: no whitespace, object keys
+ * sorted by code point (UTF-8 byte order) with the last duplicate winning, number
+ * literals verbatim, strings re-escaped with Go's HTML-escaping table.
+ *
+ * Returns `undefined` when `raw` is not exactly one JSON value (surrounding
+ * whitespace allowed).
+ *
+ * @example
+ * canonicalize(`{"b": 1.0, "a": "<x>", "b": 2}`) // `{"a":"\u003cx\u003e","b":2}`
+ *
+ * @since 0.1.0
+ * @category canonical
+ */
+export const canonicalize = (raw: string): string | undefined => {
+  begin(raw)
+  try {
+    skipWs()
+    if (pos >= len) return undefined
+    const out = canonValue(0)
+    if (out === undefined) return undefined
+    skipWs()
+    return pos === len ? out : undefined
+  } catch {
+    // Only a stack overflow on pathologically deep input can land here.
+    return undefined
+  } finally {
+    end()
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Echo re-encoding (2.8)
+// ---------------------------------------------------------------------------
+
+/**
+ * The echo re-encoding of PROTOCOL 2.8 (Go's `json.Compact` with HTML escaping):
+ * insignificant whitespace removed, raw `<`, `>`, `&`, U+2028 and U+2029 inside
+ * strings escaped as `\u003c`, `\u003e`, `\u0026`, `\u2028`, `\u2029`; everything
+ * else — key order, duplicate keys, number literals, existing escapes — kept as
+ * written. Returns the input itself when nothing changes.
+ *
+ * Returns `undefined` when `raw` is not exactly one JSON value.
+ *
+ * @example
+ * compact(`{ "b" : 1.0, "a":"<", "b":2 }`) // `{"b":1.0,"a":"\u003c","b":2}`
+ *
+ * @since 0.1.0
+ * @category echo
+ */
+export const compact = (raw: string): string | undefined => {
+  begin(raw)
+  chunks = []
+  try {
+    skipWs()
+    if (pos >= len) return undefined
+    if (!walkValue(0)) return undefined
+    skipWs()
+    if (pos !== len) return undefined
+    if (segStart === 0 && chunks.length === 0) return raw
+    if (segStart < len) chunks.push(raw.slice(segStart, len))
+    return chunks.length === 1 ? chunks[0]! : chunks.join("")
+  } catch {
+    return undefined
+  } finally {
+    end()
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Strict top-level object decoding (2.3)
+// ---------------------------------------------------------------------------
+
+/**
+ * Strict top-level decoding of a kernel request body (PROTOCOL 2.3): `text` must
+ * be exactly one JSON object, optionally surrounded by whitespace. Returns each
+ * member's decoded name mapped to the exact source text of its value (not
+ * re-encoded); with duplicate names the last occurrence wins. Nested values are
+ * fully validated.
+ *
+ * Returns `undefined` when `text` is empty, not valid JSON, not an object, or
+ * followed by anything but whitespace.
+ *
+ * @example
+ * parseObjectMembers(`{"kind":"tool_call", "args": {"q": 1}}`)
+ * // Map { "kind" => `"tool_call"`, "args" => `{"q": 1}` }
+ *
+ * @since 0.1.0
+ * @category decoding
+ */
+export const parseObjectMembers = (text: string): ReadonlyMap<string, string> | undefined => {
+  begin(text)
+  try {
+    skipWs()
+    if (src.charCodeAt(pos) !== 0x7b) return undefined
+    pos++
+    const members = new Map<string, string>()
+    skipWs()
+    if (src.charCodeAt(pos) === 0x7d) {
+      pos++
+    } else {
+      for (;;) {
+        if (src.charCodeAt(pos) !== 0x22) return undefined
+        const key = readString()
+        if (key === undefined) return undefined
+        skipWs()
+        if (src.charCodeAt(pos) !== 0x3a) return undefined
+        pos++
+        skipWs()
+        const valueStart = pos
+        if (!walkValue(1)) return undefined
+        members.set(key, src.slice(valueStart, pos))
+        skipWs()
+        const d = src.charCodeAt(pos)
+        pos++
+        if (d === 0x7d) break
+        if (d !== 0x2c) return undefined
+        skipWs()
+      }
+    }
+    skipWs()
+    return pos === len ? members : undefined
+  } catch {
+    return undefined
+  } finally {
+    end()
+  }
+}
+
+/**
+ * Decodes raw JSON text that must be exactly one JSON string (surrounding
+ * whitespace allowed), with the decoding rules of PROTOCOL 8.3: escapes decoded,
+ * lone surrogates become U+FFFD, valid escaped pairs combine. Use it for string
+ * fields whose decoded value matters bit for bit (a step's `kind` and `target`,
+ * 8.2), where `JSON.parse` would keep lone surrogates.
+ *
+ * Returns `undefined` when `raw` is not a single JSON string.
+ *
+ * @since 0.1.0
+ * @category decoding
+ */
+export const parseString = (raw: string): string | undefined => {
+  begin(raw)
+  try {
+    skipWs()
+    if (src.charCodeAt(pos) !== 0x22) return undefined
+    const s = readString()
+    if (s === undefined) return undefined
+    skipWs()
+    return pos === len ? s : undefined
+  } finally {
+    end()
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Quoting
+// ---------------------------------------------------------------------------
+
+/**
+ * The JSON text of a JS string as Go's `encoding/json` writes it with HTML
+ * escaping (the table of PROTOCOL 8.3): `"` `\` and control characters escaped
+ * (`\b \f \n \r \t`, otherwise `\u00xx` lowercase), `<` `>` `&` U+2028 U+2029 as
+ * `\u` escapes, everything else raw. A lone surrogate is written as U+FFFD.
+ *
+ * @example
+ * quoteString("a<b>\u0001") // `"a\u003cb\u003e\u0001"`
+ *
+ * @since 0.1.0
+ * @category encoding
+ */
+export const quoteString = (s: string): string => {
+  const n = s.length
+  let i = 0
+  for (; i < n; i++) {
+    const c = s.charCodeAt(i)
+    if (c < 0x80) {
+      if (ASCII_ESCAPES[c] !== undefined) break
+    } else if (c === 0x2028 || c === 0x2029) {
+      break
+    } else if (c >= 0xd800 && c <= 0xdfff) {
+      if (isHighSurrogate(c) && isLowSurrogate(s.charCodeAt(i + 1))) i++
+      else break
+    }
+  }
+  if (i === n) return "\"" + s + "\""
+  let out = "\""
+  let seg = 0
+  for (; i < n; i++) {
+    const c = s.charCodeAt(i)
+    let rep: string | undefined
+    if (c < 0x80) {
+      rep = ASCII_ESCAPES[c]
+    } else if (c === 0x2028 || c === 0x2029) {
+      rep = htmlEscape(c)
+    } else if (c >= 0xd800 && c <= 0xdfff) {
+      if (isHighSurrogate(c) && isLowSurrogate(s.charCodeAt(i + 1))) {
+        i++
+        continue
+      }
+      rep = REPLACEMENT
+    }
+    if (rep !== undefined) {
+      if (i > seg) out += s.slice(seg, i)
+      out += rep
+      seg = i + 1
+    }
+  }
+  if (seg < n) out += s.slice(seg)
+  return out + "\""
+}
+
+// ---------------------------------------------------------------------------
+// Strict serialisation
+// ---------------------------------------------------------------------------
+
+/**
+ * Result of {@link stringifyStrict}: the JSON text, or why the value is not JSON
+ * and where (a JSONPath such as `$.a[2].b`).
+ *
+ * @since 0.1.0
+ * @category encoding
+ */
+export type StrictResult =
+  | { readonly _tag: "Ok"; readonly json: string }
+  | { readonly _tag: "Invalid"; readonly reason: string; readonly path: string }
+
+const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/
+
+const renderPath = (segments: ReadonlyArray<string | number>): string => {
+  let out = "$"
+  for (const seg of segments) {
+    if (typeof seg === "number") out += "[" + seg + "]"
+    else if (IDENTIFIER.test(seg)) out += "." + seg
+    else out += "[" + JSON.stringify(seg) + "]"
+  }
+  return out
+}
+
+const describeObject = (value: object): string => {
+  const ctor = (value as { readonly constructor?: unknown }).constructor
+  const name = typeof ctor === "function" && typeof ctor.name === "string" && ctor.name !== "" ? ctor.name : "object"
+  return `${name} is not a plain object or array`
+}
+
+const isPlainPrototype = (proto: unknown): boolean => proto === null || Object.getPrototypeOf(proto) === null
+
+/** Returns the reason the value is not JSON, leaving the path to it in `segments`. */
+const checkJson = (
+  value: unknown,
+  segments: Array<string | number>,
+  ancestors: Set<object>
+): string | undefined => {
+  switch (typeof value) {
+    case "string":
+    case "boolean":
+      return undefined
+    case "number":
+      return Number.isFinite(value) ? undefined : `${value} is not a JSON number`
+    case "undefined":
+      return "undefined is not a JSON value"
+    case "function":
+      return "a function is not a JSON value"
+    case "symbol":
+      return "a symbol is not a JSON value"
+    case "bigint":
+      return "a bigint is not a JSON value"
+  }
+  if (value === null) return undefined
+  const obj = value as object
+  if (ancestors.has(obj)) return "circular reference"
+  if (Array.isArray(obj)) {
+    ancestors.add(obj)
+    for (let i = 0; i < obj.length; i++) {
+      segments.push(i)
+      const reason = checkJson(obj[i], segments, ancestors)
+      if (reason !== undefined) return reason
+      segments.pop()
+    }
+    ancestors.delete(obj)
+    return undefined
+  }
+  if (!isPlainPrototype(Object.getPrototypeOf(obj))) return describeObject(obj)
+  ancestors.add(obj)
+  const record = obj as Record<string, unknown>
+  for (const key of Object.keys(record)) {
+    segments.push(key)
+    const reason = checkJson(record[key], segments, ancestors)
+    if (reason !== undefined) return reason
+    segments.pop()
+  }
+  ancestors.delete(obj)
+  return undefined
+}
+
+/**
+ * Serialises a JS value with `JSON.stringify`, but only when the value is JSON as
+ * it stands, so nothing is silently changed or dropped: `NaN`, `±Infinity`,
+ * `undefined` (anywhere, including object members), functions, symbols, bigints,
+ * cycles and objects that are neither arrays nor plain objects (`Date`, `Map`,
+ * class instances, boxed primitives, objects with `toJSON` …) are rejected with a
+ * reason and the JSONPath of the offending value. Symbol-keyed and non-enumerable
+ * properties are ignored, as `JSON.stringify` ignores them.
+ *
+ * @example
+ * stringifyStrict({ a: [1, NaN] })
+ * // { _tag: "Invalid", reason: "NaN is not a JSON number", path: "$.a[1]" }
+ *
+ * @since 0.1.0
+ * @category encoding
+ */
+export const stringifyStrict = (value: unknown): StrictResult => {
+  const segments: Array<string | number> = []
+  try {
+    const reason = checkJson(value, segments, new Set())
+    if (reason !== undefined) return { _tag: "Invalid", reason, path: renderPath(segments) }
+    return { _tag: "Ok", json: JSON.stringify(value) }
+  } catch {
+    // A stack overflow on pathologically deep input, or a throwing getter.
+    return { _tag: "Invalid", reason: "value cannot be serialised (too deep, or a getter threw)", path: "$" }
+  }
+}
