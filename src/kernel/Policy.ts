@@ -1,0 +1,975 @@
+/**
+ * Policy bundles of the dev kernel (PROTOCOL 10): parsing and validating the
+ * YAML bundle an agent is registered with, and evaluating it for each new
+ * step. Decoding follows the reference kernel's YAML decoder (Go `yaml.v3`
+ * into typed structs): unknown keys are ignored, type mismatches reject the
+ * bundle, durations must be Go duration strings, and string fields take any
+ * scalar as written. Regexes are RE2 (via `re2js`), globs are Go
+ * `path.Match`, and argument values are compared in their Go `%v` form.
+ *
+ * @since 0.1.0
+ */
+import { Either } from "effect"
+import { RE2JS } from "re2js"
+import { type Document, isAlias, isMap, isScalar, isSeq, parseAllDocuments, type Scalar, type YAMLMap, type YAMLSeq } from "yaml"
+import * as Duration from "./internal/duration.js"
+import * as Glob from "./internal/glob.js"
+import * as GoFormat from "./internal/goFormat.js"
+
+// ---------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------
+
+/**
+ * The decisions a rule may give (10.2). The dev kernel rejects any other
+ * value at load time (deliberate difference 16.3 #7).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Decision = "allow" | "deny" | "require_approval"
+
+/**
+ * `then.rate_limit` of a rule (10.5). Active only when `maxCalls > 0` and
+ * `windowMs > 0`. `perWhat` and `onLimiterError` are kept as written (`""`
+ * when absent); see `RateLimiter.bucketKey` for how `perWhat` is read.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RateLimit {
+  readonly maxCalls: number
+  readonly windowMs: number
+  readonly perWhat: string
+  readonly onLimiterError: string
+}
+
+/**
+ * `then.approval_config` of a rule. `approvers` is `null` when absent
+ * (anyone may decide); an explicitly empty list stays `[]`. `timeoutMs` 0
+ * means the kernel default.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ApprovalConfig {
+  readonly approvers: ReadonlyArray<string> | null
+  readonly timeoutMs: number
+  readonly message: string
+}
+
+/**
+ * One `arguments` predicate of a rule (10.4). Empty constraints are "no
+ * constraint"; at least one is non-empty in a loaded bundle.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ArgumentPredicate {
+  readonly equals: string
+  readonly contains: string
+  readonly oneOf: ReadonlyArray<string>
+  readonly regex: string
+  /** The compiled `regex`; `undefined` when `regex` is empty. */
+  readonly compiled: RE2JS | undefined
+}
+
+/**
+ * The `when` of a rule. Empty strings, empty lists and an empty `arguments`
+ * map are absent conditions.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Condition {
+  readonly target: string
+  readonly targets: ReadonlyArray<string>
+  readonly agentId: string
+  readonly agentIds: ReadonlyArray<string>
+  readonly stepKind: string
+  readonly arguments: ReadonlyMap<string, ArgumentPredicate>
+}
+
+/**
+ * The `then` of a rule. `rateLimit` is `undefined` when the rule has no
+ * `rate_limit` block; `approval` carries the defaults when the rule has no
+ * `approval_config`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Outcome {
+  readonly decision: Decision
+  readonly reason: string
+  readonly approval: ApprovalConfig
+  readonly rateLimit: RateLimit | undefined
+}
+
+/**
+ * A validated rule. Its `rule_id` is always its `id`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Rule {
+  readonly id: string
+  readonly priority: number
+  readonly when: Condition
+  readonly then: Outcome
+}
+
+/**
+ * A validated bundle. `rules` are sorted by ascending (unique) priority.
+ * `defaultAction` is kept as written: only `"allow"` allows.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Bundle {
+  readonly defaultAction: string
+  readonly rules: ReadonlyArray<Rule>
+}
+
+/**
+ * What policy is evaluated for (7.3 step 11): the execution's agent id, the
+ * submitted kind and target, and the raw `args` JSON text (absent when the
+ * member was not sent).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PolicyInput {
+  readonly agentId: string
+  readonly kind: string
+  readonly target: string
+  readonly argsRaw: string | undefined
+}
+
+/**
+ * The result of evaluating a policy. `approval` and `rateLimit` are only
+ * set for results that come from a rule.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PolicyResult {
+  /** `allow`, `deny` or `require_approval`. */
+  readonly decision: string
+  readonly ruleId: string
+  /** The rule's reason as written; `""` when it has none. */
+  readonly reason: string
+  readonly approval: ApprovalConfig | undefined
+  readonly rateLimit: RateLimit | undefined
+}
+
+// ---------------------------------------------------------------------------
+// Fixed results
+// ---------------------------------------------------------------------------
+
+/**
+ * The result for an agent without a bundle (10.1): `allow`, rule id
+ * `permissive`, no reason, no rate limit.
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const permissive: PolicyResult = {
+  decision: "allow",
+  ruleId: "permissive",
+  reason: "",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+/**
+ * The result for an unmatched `local` step, whatever the default (10.3).
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const localStep: PolicyResult = {
+  decision: "allow",
+  ruleId: "local",
+  reason: "local step",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+/**
+ * The result when no rule matched and `default_action` is `allow`.
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaultAllow: PolicyResult = {
+  decision: "allow",
+  ruleId: "default",
+  reason: "default allow",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+/**
+ * The result when no rule matched and `default_action` is anything but
+ * `allow` (including absent).
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaultDeny: PolicyResult = {
+  decision: "deny",
+  ruleId: "default",
+  reason: "no explicit allow rule matched",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+// ---------------------------------------------------------------------------
+// YAML decoding (the reference decodes with gopkg.in/yaml.v3 into structs)
+// ---------------------------------------------------------------------------
+
+/** How yaml.v3 resolves a plain scalar (resolve.go), for the types that matter here. */
+type Resolved =
+  | { readonly tag: "null" }
+  | { readonly tag: "bool" }
+  | { readonly tag: "int"; readonly value: bigint }
+  | { readonly tag: "float"; readonly value: number }
+  | { readonly tag: "str" }
+
+const STR: Resolved = { tag: "str" }
+const NULL: Resolved = { tag: "null" }
+const BOOL: Resolved = { tag: "bool" }
+
+const yamlStyleFloat = /^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$/
+const goFloatFromDot = /^\.[0-9]+([eE][-+]?[0-9]+)?$/
+const digitsOf: Readonly<Record<number, RegExp>> = { 2: /^[01]+$/, 8: /^[0-7]+$/, 10: /^[0-9]+$/, 16: /^[0-9a-fA-F]+$/ }
+
+/** Go `strconv.ParseInt(s, 0, 64)` / `ParseUint` without the range check. */
+const goParseInteger = (text: string, allowSign: boolean): bigint | undefined => {
+  let s = text
+  let negative = false
+  if (s.startsWith("+") || s.startsWith("-")) {
+    if (!allowSign) return undefined
+    negative = s[0] === "-"
+    s = s.slice(1)
+  }
+  let base = 10
+  if (s.length >= 2 && s[0] === "0") {
+    const prefix = s[1]!.toLowerCase()
+    if (prefix === "x") {
+      base = 16
+      s = s.slice(2)
+    } else if (prefix === "o") {
+      base = 8
+      s = s.slice(2)
+    } else if (prefix === "b") {
+      base = 2
+      s = s.slice(2)
+    } else {
+      base = 8
+      s = s.slice(1)
+    }
+  }
+  if (!digitsOf[base]!.test(s)) return undefined
+  const magnitude = base === 10 ? BigInt(s) : BigInt((base === 16 ? "0x" : base === 8 ? "0o" : "0b") + s)
+  return negative ? -magnitude : magnitude
+}
+
+const INT64_MIN = -(1n << 63n)
+const INT64_MAX = (1n << 63n) - 1n
+const UINT64_MAX = (1n << 64n) - 1n
+
+const resolvePlain = (text: string): Resolved => {
+  switch (text) {
+    case "":
+    case "~":
+    case "null":
+    case "Null":
+    case "NULL":
+      return NULL
+    case "true":
+    case "True":
+    case "TRUE":
+    case "false":
+    case "False":
+    case "FALSE":
+      return BOOL
+    case ".nan":
+    case ".NaN":
+    case ".NAN":
+      return { tag: "float", value: NaN }
+    case ".inf":
+    case ".Inf":
+    case ".INF":
+    case "+.inf":
+    case "+.Inf":
+    case "+.INF":
+      return { tag: "float", value: Infinity }
+    case "-.inf":
+    case "-.Inf":
+    case "-.INF":
+      return { tag: "float", value: -Infinity }
+  }
+  const first = text[0]!
+  if (first === ".") {
+    return goFloatFromDot.test(text) ? { tag: "float", value: Number(text) } : STR
+  }
+  if (!(first === "+" || first === "-" || (first >= "0" && first <= "9"))) return STR
+  const plain = text.replaceAll("_", "")
+  const signed = goParseInteger(plain, true)
+  if (signed !== undefined && signed >= INT64_MIN && signed <= INT64_MAX) return { tag: "int", value: signed }
+  const unsigned = goParseInteger(plain, false)
+  if (unsigned !== undefined && unsigned <= UINT64_MAX) return { tag: "int", value: unsigned }
+  if (yamlStyleFloat.test(plain)) return { tag: "float", value: Number(plain) }
+  return STR
+}
+
+/** A YAML node after alias resolution, as the struct decoder sees it. */
+type View =
+  | { readonly kind: "null" }
+  | { readonly kind: "scalar"; readonly text: string; readonly resolved: Resolved }
+  | { readonly kind: "map"; readonly node: YAMLMap }
+  | { readonly kind: "seq"; readonly node: YAMLSeq }
+  | { readonly kind: "error" }
+
+const STR_TAG = "tag:yaml.org,2002:str"
+
+/** Where a value sits, for messages: `rule "x"` + `then.rate_limit.window`. */
+interface Loc {
+  readonly label: string
+  readonly path: string
+}
+
+const at = (loc: Loc, key: string): Loc => ({ label: loc.label, path: loc.path === "" ? key : `${loc.path}.${key}` })
+const atIndex = (loc: Loc, index: number): Loc => ({ label: loc.label, path: `${loc.path}[${index}]` })
+
+interface Decoder {
+  readonly doc: Document.Parsed
+  readonly errors: Array<string>
+  aliasBudget: number
+}
+
+const report = (d: Decoder, loc: Loc, problem: string): void => {
+  d.errors.push([loc.label, loc.path, problem].filter((part) => part !== "").join(": "))
+}
+
+const describe = (v: View): string => {
+  switch (v.kind) {
+    case "map":
+      return "a map"
+    case "seq":
+      return "a list"
+    case "scalar":
+      return v.resolved.tag === "str" ? GoFormat.quote(v.text) : v.text
+    default:
+      return "nothing"
+  }
+}
+
+const view = (d: Decoder, loc: Loc, node: unknown): View => {
+  let current = node
+  while (isAlias(current)) {
+    if (--d.aliasBudget < 0) {
+      report(d, loc, "too many alias expansions")
+      return { kind: "error" }
+    }
+    const target = current.resolve(d.doc)
+    if (target === undefined) {
+      report(d, loc, `unknown anchor ${GoFormat.quote(current.source)} referenced`)
+      return { kind: "error" }
+    }
+    current = target
+  }
+  if (current === null || current === undefined) return { kind: "null" }
+  if (isScalar(current)) {
+    const scalar = current as Scalar
+    const text = typeof scalar.source === "string" ? scalar.source : String(scalar.value ?? "")
+    const quoted = scalar.type !== undefined && scalar.type !== "PLAIN"
+    const resolved = quoted || scalar.tag === STR_TAG ? STR : resolvePlain(text)
+    return resolved.tag === "null" ? { kind: "null" } : { kind: "scalar", text, resolved }
+  }
+  if (isMap(current)) return { kind: "map", node: current as YAMLMap }
+  if (isSeq(current)) return { kind: "seq", node: current as YAMLSeq }
+  report(d, loc, "unsupported YAML node")
+  return { kind: "error" }
+}
+
+interface Entry {
+  readonly key: string
+  readonly value: unknown
+}
+
+const isMergeKey = (key: unknown): boolean =>
+  isScalar(key) && (key.type === undefined || key.type === "PLAIN") && key.source === "<<"
+
+/** The entries of a mapping in document order, with `<<` merges applied (explicit keys win). */
+const entriesOf = (d: Decoder, loc: Loc, node: YAMLMap, depth = 0): ReadonlyArray<Entry> => {
+  const entries: Array<Entry> = []
+  const merges: Array<unknown> = []
+  for (const pair of node.items) {
+    if (isMergeKey(pair.key)) {
+      merges.push(pair.value)
+      continue
+    }
+    const key = view(d, loc, pair.key)
+    switch (key.kind) {
+      case "scalar":
+        entries.push({ key: key.text, value: pair.value })
+        break
+      case "map":
+      case "seq":
+        report(d, loc, `mapping key must be a scalar, got ${describe(key)}`)
+        break
+      default:
+        // null keys are skipped by the reference decoder
+        break
+    }
+  }
+  if (merges.length === 0) return entries
+  if (depth > 32) {
+    report(d, loc, "merge keys nested too deeply")
+    return entries
+  }
+  const seen = new Set(entries.map((e) => e.key))
+  const mergeFrom = (source: View): void => {
+    if (source.kind !== "map") {
+      if (source.kind !== "error") report(d, loc, `merge value must be a map, got ${describe(source)}`)
+      return
+    }
+    for (const entry of entriesOf(d, loc, source.node, depth + 1)) {
+      if (seen.has(entry.key)) continue
+      seen.add(entry.key)
+      entries.push(entry)
+    }
+  }
+  for (const merge of merges) {
+    const source = view(d, loc, merge)
+    if (source.kind === "seq") {
+      for (const item of source.node.items) mergeFrom(view(d, loc, item))
+    } else {
+      mergeFrom(source)
+    }
+  }
+  return entries
+}
+
+/** A string field: any scalar as written; null → `""`. */
+const decodeString = (d: Decoder, loc: Loc, node: unknown): string => {
+  const v = view(d, loc, node)
+  if (v.kind === "scalar") return v.text
+  if (v.kind === "map" || v.kind === "seq") report(d, loc, `expected a string, got ${describe(v)}`)
+  return ""
+}
+
+/** An `int` field: YAML integers, and floats truncated toward zero (as yaml.v3 does). */
+const decodeInt = (d: Decoder, loc: Loc, node: unknown): number => {
+  const v = view(d, loc, node)
+  if (v.kind === "null" || v.kind === "error") return 0
+  if (v.kind === "scalar") {
+    const r = v.resolved
+    if (r.tag === "int" && r.value >= INT64_MIN && r.value <= INT64_MAX) return Number(r.value)
+    if (r.tag === "float" && Number.isFinite(r.value) && r.value >= -(2 ** 63) && r.value < 2 ** 63) {
+      return Math.trunc(r.value) + 0
+    }
+  }
+  report(d, loc, `expected an integer, got ${describe(v)}`)
+  return 0
+}
+
+/** A `time.Duration` field: only a string in Go duration syntax; a bare number is an error. */
+const decodeDuration = (d: Decoder, loc: Loc, node: unknown): number => {
+  const v = view(d, loc, node)
+  if (v.kind === "null" || v.kind === "error") return 0
+  if (v.kind === "scalar") {
+    if (v.resolved.tag === "str") {
+      const ms = Duration.parseMillis(v.text)
+      if (ms !== undefined) return ms
+      report(d, loc, `invalid duration ${GoFormat.quote(v.text)}`)
+      return 0
+    }
+    if (v.resolved.tag === "int" || v.resolved.tag === "float") {
+      report(d, loc, `invalid duration ${v.text} (a bare number; write a duration string with a unit, e.g. "${v.text}s")`)
+      return 0
+    }
+  }
+  report(d, loc, `expected a duration string, got ${describe(v)}`)
+  return 0
+}
+
+/** A `[]string` field: `null` when absent/null; null items are dropped (as yaml.v3 does). */
+const decodeStringList = (d: Decoder, loc: Loc, node: unknown): ReadonlyArray<string> | null => {
+  const v = view(d, loc, node)
+  if (v.kind === "null" || v.kind === "error") return null
+  if (v.kind !== "seq") {
+    report(d, loc, `expected a list, got ${describe(v)}`)
+    return null
+  }
+  const out: Array<string> = []
+  v.node.items.forEach((item, index) => {
+    const element = view(d, atIndex(loc, index), item)
+    if (element.kind === "scalar") out.push(element.text)
+    else if (element.kind === "map" || element.kind === "seq") {
+      report(d, atIndex(loc, index), `expected a string, got ${describe(element)}`)
+    }
+  })
+  return out
+}
+
+/** A struct field: its entries, or `undefined` when absent/null (or wrong, after reporting). */
+const decodeStruct = (d: Decoder, loc: Loc, node: unknown): ReadonlyArray<Entry> | undefined => {
+  const v = view(d, loc, node)
+  if (v.kind === "map") return entriesOf(d, loc, v.node)
+  if (v.kind === "scalar" || v.kind === "seq") report(d, loc, `expected a map, got ${describe(v)}`)
+  return undefined
+}
+
+interface RawPredicate {
+  readonly equals: string
+  readonly contains: string
+  readonly oneOf: ReadonlyArray<string>
+  readonly regex: string
+}
+
+const decodePredicate = (d: Decoder, loc: Loc, node: unknown): RawPredicate => {
+  let equals = ""
+  let contains = ""
+  let oneOf: ReadonlyArray<string> = []
+  let regex = ""
+  for (const e of decodeStruct(d, loc, node) ?? []) {
+    switch (e.key) {
+      case "equals":
+        equals = decodeString(d, at(loc, e.key), e.value)
+        break
+      case "contains":
+        contains = decodeString(d, at(loc, e.key), e.value)
+        break
+      case "one_of":
+        oneOf = decodeStringList(d, at(loc, e.key), e.value) ?? []
+        break
+      case "regex":
+        regex = decodeString(d, at(loc, e.key), e.value)
+        break
+    }
+  }
+  return { equals, contains, oneOf, regex }
+}
+
+interface RawCondition {
+  readonly target: string
+  readonly targets: ReadonlyArray<string>
+  readonly agentId: string
+  readonly agentIds: ReadonlyArray<string>
+  readonly stepKind: string
+  readonly arguments: ReadonlyArray<readonly [string, RawPredicate]>
+}
+
+const decodeCondition = (d: Decoder, loc: Loc, node: unknown): RawCondition => {
+  let target = ""
+  let targets: ReadonlyArray<string> = []
+  let agentId = ""
+  let agentIds: ReadonlyArray<string> = []
+  let stepKind = ""
+  const args = new Map<string, RawPredicate>()
+  for (const e of decodeStruct(d, loc, node) ?? []) {
+    const here = at(loc, e.key)
+    switch (e.key) {
+      case "target":
+        target = decodeString(d, here, e.value)
+        break
+      case "targets":
+        targets = decodeStringList(d, here, e.value) ?? []
+        break
+      case "agent_id":
+        agentId = decodeString(d, here, e.value)
+        break
+      case "agent_ids":
+        agentIds = decodeStringList(d, here, e.value) ?? []
+        break
+      case "step_kind":
+        stepKind = decodeString(d, here, e.value)
+        break
+      case "arguments":
+        for (const arg of decodeStruct(d, here, e.value) ?? []) {
+          args.set(arg.key, decodePredicate(d, at(here, arg.key), arg.value))
+        }
+        break
+    }
+  }
+  return { target, targets, agentId, agentIds, stepKind, arguments: [...args] }
+}
+
+const decodeApproval = (d: Decoder, loc: Loc, node: unknown): ApprovalConfig => {
+  let approvers: ReadonlyArray<string> | null = null
+  let timeoutMs = 0
+  let message = ""
+  for (const e of decodeStruct(d, loc, node) ?? []) {
+    const here = at(loc, e.key)
+    switch (e.key) {
+      case "approvers":
+        approvers = decodeStringList(d, here, e.value)
+        break
+      case "timeout":
+        timeoutMs = decodeDuration(d, here, e.value)
+        break
+      case "message":
+        message = decodeString(d, here, e.value)
+        break
+    }
+  }
+  return { approvers, timeoutMs, message }
+}
+
+const decodeRateLimit = (d: Decoder, loc: Loc, node: unknown): RateLimit | undefined => {
+  const entries = decodeStruct(d, loc, node)
+  if (entries === undefined) return undefined
+  let maxCalls = 0
+  let windowMs = 0
+  let perWhat = ""
+  let onLimiterError = ""
+  for (const e of entries) {
+    const here = at(loc, e.key)
+    switch (e.key) {
+      case "max_calls":
+        maxCalls = decodeInt(d, here, e.value)
+        break
+      case "window":
+        windowMs = decodeDuration(d, here, e.value)
+        break
+      case "per_what":
+        perWhat = decodeString(d, here, e.value)
+        break
+      case "on_limiter_error":
+        onLimiterError = decodeString(d, here, e.value)
+        break
+    }
+  }
+  return { maxCalls, windowMs, perWhat, onLimiterError }
+}
+
+interface RawOutcome {
+  readonly decision: string
+  readonly reason: string
+  readonly approval: ApprovalConfig
+  readonly rateLimit: RateLimit | undefined
+}
+
+const noApproval: ApprovalConfig = { approvers: null, timeoutMs: 0, message: "" }
+
+const decodeOutcome = (d: Decoder, loc: Loc, node: unknown): RawOutcome => {
+  let decision = ""
+  let reason = ""
+  let approval = noApproval
+  let rateLimit: RateLimit | undefined = undefined
+  for (const e of decodeStruct(d, loc, node) ?? []) {
+    const here = at(loc, e.key)
+    switch (e.key) {
+      case "decision":
+        decision = decodeString(d, here, e.value)
+        break
+      case "reason":
+        reason = decodeString(d, here, e.value)
+        break
+      case "approval_config":
+        approval = decodeApproval(d, here, e.value)
+        break
+      case "rate_limit":
+        rateLimit = decodeRateLimit(d, here, e.value)
+        break
+    }
+  }
+  return { decision, reason, approval, rateLimit }
+}
+
+interface RawRule {
+  readonly id: string
+  readonly priority: number
+  readonly when: RawCondition
+  readonly then: RawOutcome
+}
+
+const emptyCondition: RawCondition = { target: "", targets: [], agentId: "", agentIds: [], stepKind: "", arguments: [] }
+const emptyOutcome: RawOutcome = { decision: "", reason: "", approval: noApproval, rateLimit: undefined }
+
+const decodeRule = (d: Decoder, index: number, node: unknown): RawRule | undefined => {
+  const fallback: Loc = { label: `rules[${index}]`, path: "" }
+  const v = view(d, fallback, node)
+  if (v.kind === "null" || v.kind === "error") return undefined // yaml.v3 drops null list items
+  if (v.kind !== "map") {
+    report(d, fallback, `expected a map, got ${describe(v)}`)
+    return undefined
+  }
+  const entries = entriesOf(d, fallback, v.node)
+  // label messages with the rule's id when it has a usable one
+  let loc = fallback
+  const idEntry = entries.find((e) => e.key === "id")
+  if (idEntry !== undefined) {
+    const idView = view({ ...d, errors: [] }, fallback, idEntry.value)
+    if (idView.kind === "scalar" && idView.text !== "") loc = { label: `rule ${GoFormat.quote(idView.text)}`, path: "" }
+  }
+  let id = ""
+  let priority = 0
+  let when = emptyCondition
+  let then = emptyOutcome
+  for (const e of entries) {
+    const here = at(loc, e.key)
+    switch (e.key) {
+      case "id":
+        id = decodeString(d, here, e.value)
+        break
+      case "priority":
+        priority = decodeInt(d, here, e.value)
+        break
+      case "when":
+        when = decodeCondition(d, here, e.value)
+        break
+      case "then":
+        then = decodeOutcome(d, here, e.value)
+        break
+    }
+  }
+  return { id, priority, when, then }
+}
+
+interface RawBundle {
+  readonly defaultAction: string
+  readonly rules: ReadonlyArray<RawRule>
+}
+
+const decodeBundle = (d: Decoder, root: unknown): RawBundle => {
+  const top: Loc = { label: "", path: "" }
+  const v = view(d, { label: "bundle", path: "" }, root)
+  if (v.kind === "null" || v.kind === "error") return { defaultAction: "", rules: [] }
+  if (v.kind !== "map") {
+    report(d, { label: "bundle", path: "" }, `expected a map, got ${describe(v)}`)
+    return { defaultAction: "", rules: [] }
+  }
+  let defaultAction = ""
+  const rules: Array<RawRule> = []
+  for (const e of entriesOf(d, top, v.node)) {
+    switch (e.key) {
+      case "default_action":
+        defaultAction = decodeString(d, at(top, e.key), e.value)
+        break
+      case "rules": {
+        const list = view(d, at(top, e.key), e.value)
+        if (list.kind === "seq") {
+          list.node.items.forEach((item, index) => {
+            const rule = decodeRule(d, index, item)
+            if (rule !== undefined) rules.push(rule)
+          })
+        } else if (list.kind === "map" || list.kind === "scalar") {
+          report(d, at(top, e.key), `expected a list, got ${describe(list)}`)
+        }
+        break
+      }
+    }
+  }
+  return { defaultAction, rules }
+}
+
+/** The first line of a `yaml` package error, without its code frame. */
+const yamlErrorText = (message: string): string => {
+  const line = message.split("\n")[0] ?? message
+  return `yaml: ${line.replace(/:$/, "")}`
+}
+
+// ---------------------------------------------------------------------------
+// Validation (10.2 load-time checks, in the reference's order)
+// ---------------------------------------------------------------------------
+
+const isDecision = (s: string): s is Decision => s === "allow" || s === "deny" || s === "require_approval"
+
+const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
+  const seen = new Map<number, string>()
+  for (const rule of raw.rules) {
+    if (rule.id === "") return Either.left("rule missing id")
+    const previous = seen.get(rule.priority)
+    if (previous !== undefined) {
+      return Either.left(
+        `duplicate priority ${rule.priority} used by ${GoFormat.quote(previous)} and ${GoFormat.quote(rule.id)}`
+      )
+    }
+    seen.set(rule.priority, rule.id)
+  }
+  const sorted = [...raw.rules].sort((a, b) => a.priority - b.priority)
+  const rules: Array<Rule> = []
+  for (const rule of sorted) {
+    const id = GoFormat.quote(rule.id)
+    const args = new Map<string, ArgumentPredicate>()
+    for (const [key, p] of rule.when.arguments) {
+      if (p.equals === "" && p.contains === "" && p.regex === "" && p.oneOf.length === 0) {
+        return Either.left(
+          `rule ${id} argument ${GoFormat.quote(key)} has no constraint (equals/contains/one_of/regex); an empty predicate matches any value`
+        )
+      }
+      let compiled: RE2JS | undefined = undefined
+      if (p.regex !== "") {
+        try {
+          compiled = RE2JS.compile(p.regex)
+        } catch (error) {
+          const detail = error instanceof Error ? error.message : String(error)
+          return Either.left(`rule ${id} argument ${GoFormat.quote(key)} invalid regex: ${detail}`)
+        }
+      }
+      args.set(key, { ...p, compiled })
+    }
+    const decision = rule.then.decision
+    if (!isDecision(decision)) {
+      return Either.left(
+        decision === ""
+          ? `rule ${id}: then.decision is required (allow, deny or require_approval)`
+          : `rule ${id}: unknown policy decision ${GoFormat.quote(decision)} (want allow, deny or require_approval)`
+      )
+    }
+    rules.push({
+      id: rule.id,
+      priority: rule.priority,
+      when: { ...rule.when, arguments: args },
+      then: { ...rule.then, decision }
+    })
+  }
+  return Either.right({ defaultAction: raw.defaultAction, rules })
+}
+
+/**
+ * Parses and validates a policy bundle (10.2). On failure the `Left` is the
+ * detail that follows `invalid policy bundle: ` in kernel messages, e.g.
+ * `rule missing id`, `duplicate priority 0 used by "a" and "b"` or
+ * `rule "x": then.rate_limit.window: invalid duration "300"`.
+ *
+ * Only the first YAML document is read, as by the reference. Text without a
+ * document (`""`, whitespace, comments) gives an empty bundle, which denies
+ * by default; callers treat an empty bundle string as "no policy" instead.
+ *
+ * @since 0.1.0
+ * @category parsing
+ */
+export const parseBundle = (yamlText: string): Either.Either<Bundle, string> => {
+  const docs = parseAllDocuments(yamlText, { prettyErrors: true, uniqueKeys: true })
+  if ("empty" in docs) {
+    return docs.errors.length > 0
+      ? Either.left(yamlErrorText(docs.errors[0]!.message))
+      : Either.right({ defaultAction: "", rules: [] })
+  }
+  const first = docs[0]
+  if (first === undefined) return Either.right({ defaultAction: "", rules: [] })
+  if (first.errors.length > 0) return Either.left(yamlErrorText(first.errors[0]!.message))
+  const d: Decoder = { doc: first, errors: [], aliasBudget: 10_000 }
+  const raw = decodeBundle(d, first.contents)
+  if (d.errors.length > 0) return Either.left(d.errors[0]!)
+  return validate(raw)
+}
+
+// ---------------------------------------------------------------------------
+// Evaluation (10.3, 10.4)
+// ---------------------------------------------------------------------------
+
+const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
+
+/** Go's JSON decoder turns escaped lone surrogates into U+FFFD. */
+const wellFormed = (s: string): string => s.replace(loneSurrogate, "\ufffd")
+
+/** Converts `JSON.parse` output to what Go decodes into `any`; `undefined` when Go would fail. */
+const toGoValue = (value: unknown): { readonly ok: boolean; readonly value: unknown } => {
+  if (typeof value === "string") return { ok: true, value: wellFormed(value) }
+  if (typeof value === "number") return { ok: Number.isFinite(value), value }
+  if (Array.isArray(value)) {
+    const items: Array<unknown> = []
+    for (const item of value) {
+      const converted = toGoValue(item)
+      if (!converted.ok) return converted
+      items.push(converted.value)
+    }
+    return { ok: true, value: items }
+  }
+  if (value !== null && typeof value === "object") {
+    const members = new Map<string, unknown>()
+    for (const [key, member] of Object.entries(value)) {
+      const converted = toGoValue(member)
+      if (!converted.ok) return converted
+      members.set(wellFormed(key), converted.value)
+    }
+    return { ok: true, value: members }
+  }
+  return { ok: true, value }
+}
+
+/** `args` as a JSON object, or `undefined` when absent, invalid, `null` or not an object. */
+const parseArgs = (raw: string | undefined): ReadonlyMap<string, unknown> | undefined => {
+  if (raw === undefined) return undefined
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(raw)
+  } catch {
+    return undefined
+  }
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) return undefined
+  const converted = toGoValue(parsed)
+  return converted.ok ? (converted.value as ReadonlyMap<string, unknown>) : undefined
+}
+
+const predicateHolds = (p: ArgumentPredicate, s: string): boolean =>
+  (p.equals === "" || p.equals === s) &&
+  (p.contains === "" || s.includes(p.contains)) &&
+  (p.oneOf.length === 0 || p.oneOf.includes(s)) &&
+  (p.compiled === undefined || p.compiled.matcher(s).find())
+
+/**
+ * Whether a rule's `when` holds for an input (10.4). `args` is parsed lazily,
+ * at most once per evaluation.
+ */
+const conditionHolds = (
+  when: Condition,
+  input: PolicyInput,
+  args: () => ReadonlyMap<string, unknown> | undefined
+): boolean => {
+  if (when.target !== "" && !Glob.match(when.target, input.target)) return false
+  if (when.targets.length > 0 && !when.targets.some((pattern) => Glob.match(pattern, input.target))) return false
+  if (when.agentId !== "" && when.agentId !== input.agentId) return false
+  if (when.agentIds.length > 0 && !when.agentIds.includes(input.agentId)) return false
+  if (when.stepKind !== "" && when.stepKind !== input.kind) return false
+  if (when.arguments.size > 0) {
+    const object = args()
+    if (object === undefined) return false
+    for (const [key, predicate] of when.arguments) {
+      if (!object.has(key)) return false
+      if (!predicateHolds(predicate, GoFormat.formatValue(object.get(key)))) return false
+    }
+  }
+  return true
+}
+
+/**
+ * Evaluates a policy for a new step (10.1, 10.3): {@link permissive} without
+ * a bundle; otherwise the first rule (by ascending priority) whose `when`
+ * holds, then {@link localStep} for an unmatched `local` step, then the
+ * default ({@link defaultAllow} / {@link defaultDeny}).
+ *
+ * @since 0.1.0
+ * @category evaluation
+ */
+export const evaluate = (bundle: Bundle | undefined, input: PolicyInput): PolicyResult => {
+  if (bundle === undefined) return permissive
+  let parsed = false
+  let args: ReadonlyMap<string, unknown> | undefined
+  const lazyArgs = () => {
+    if (!parsed) {
+      parsed = true
+      args = parseArgs(input.argsRaw)
+    }
+    return args
+  }
+  for (const rule of bundle.rules) {
+    if (conditionHolds(rule.when, input, lazyArgs)) {
+      return {
+        decision: rule.then.decision,
+        ruleId: rule.id,
+        reason: rule.then.reason,
+        approval: rule.then.approval,
+        rateLimit: rule.then.rateLimit
+      }
+    }
+  }
+  if (input.kind === "local") return localStep
+  return bundle.defaultAction === "allow" ? defaultAllow : defaultDeny
+}

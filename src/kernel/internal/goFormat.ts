@@ -1,0 +1,130 @@
+/**
+ * Go formatting rules the policy engine must reproduce: `%v` of a value
+ * decoded from JSON (PROTOCOL 10.4, used for argument predicates), `%q` for
+ * identifiers in validation messages, and Go's byte-wise (code point) string
+ * order used when `%v` prints map keys.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+
+/**
+ * Go's `%v` of a `float64`: shortest round-trip digits, exponent form
+ * `d[.ddd]e±XX` when the decimal exponent is < -4 or >= 6, plain otherwise.
+ *
+ * @since 0.1.0
+ * @category formatting
+ */
+export const formatFloat = (x: number): string => {
+  if (Number.isNaN(x)) return "NaN"
+  if (x === Infinity) return "+Inf"
+  if (x === -Infinity) return "-Inf"
+  if (x === 0) return Object.is(x, -0) ? "-0" : "0"
+  const exponential = x.toExponential()
+  const at = exponential.indexOf("e")
+  const mantissa = exponential.slice(0, at)
+  const exponent = Number(exponential.slice(at + 1))
+  if (exponent < -4 || exponent >= 6) {
+    return `${mantissa}e${exponent < 0 ? "-" : "+"}${String(Math.abs(exponent)).padStart(2, "0")}`
+  }
+  return String(x)
+}
+
+/**
+ * Orders strings by Unicode code point (Go compares UTF-8 bytes, which gives
+ * the same order; JavaScript's default compares UTF-16 code units).
+ *
+ * @since 0.1.0
+ * @category ordering
+ */
+export const compareCodePoints = (a: string, b: string): number => {
+  const n = Math.min(a.length, b.length)
+  for (let i = 0; i < n; i++) {
+    const x = a.codePointAt(i)!
+    const y = b.codePointAt(i)!
+    if (x !== y) return x - y
+    if (x > 0xffff) i++
+  }
+  return a.length - b.length
+}
+
+/**
+ * Go's `%v` of a value produced by decoding JSON into `any`: strings as is,
+ * `<nil>`, `true`/`false`, numbers as {@link formatFloat}, arrays as
+ * `[a b]`, objects as `map[k:v ...]` with keys in sorted order.
+ *
+ * @since 0.1.0
+ * @category formatting
+ */
+export const formatValue = (value: unknown): string => {
+  if (value === null || value === undefined) return "<nil>"
+  switch (typeof value) {
+    case "string":
+      return value
+    case "boolean":
+      return value ? "true" : "false"
+    case "number":
+      return formatFloat(value)
+    case "object": {
+      if (Array.isArray(value)) return `[${value.map(formatValue).join(" ")}]`
+      const entries = value instanceof Map
+        ? [...(value as ReadonlyMap<string, unknown>).entries()]
+        : Object.entries(value as Record<string, unknown>)
+      entries.sort(([a], [b]) => compareCodePoints(a, b))
+      return `map[${entries.map(([k, v]) => `${k}:${formatValue(v)}`).join(" ")}]`
+    }
+    default:
+      return String(value)
+  }
+}
+
+const hex = (n: number, width: number): string => n.toString(16).padStart(width, "0")
+
+const notPrintable = /^[\p{C}\p{Z}]$/u
+
+/**
+ * Go's `%q` (`strconv.Quote`) of a string: double quotes, backslash escapes
+ * for quotes, backslashes, control and non-printable characters.
+ *
+ * @since 0.1.0
+ * @category formatting
+ */
+export const quote = (s: string): string => {
+  let out = "\""
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!
+    switch (ch) {
+      case "\"":
+        out += "\\\""
+        continue
+      case "\\":
+        out += "\\\\"
+        continue
+      case "\x07":
+        out += "\\a"
+        continue
+      case "\b":
+        out += "\\b"
+        continue
+      case "\f":
+        out += "\\f"
+        continue
+      case "\n":
+        out += "\\n"
+        continue
+      case "\r":
+        out += "\\r"
+        continue
+      case "\t":
+        out += "\\t"
+        continue
+      case "\v":
+        out += "\\v"
+        continue
+    }
+    if (c < 0x20 || c === 0x7f) out += `\\x${hex(c, 2)}`
+    else if (c !== 0x20 && notPrintable.test(ch)) out += c > 0xffff ? `\\U${hex(c, 8)}` : `\\u${hex(c, 4)}`
+    else out += ch
+  }
+  return out + "\""
+}
