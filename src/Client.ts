@@ -1,0 +1,566 @@
+/**
+ * The Rebuno client for backends and operators (PROTOCOL.md 11, 14.9, 15.2):
+ * create, read, list and cancel executions; read events page by page or follow
+ * them as a `Stream` until the execution ends; watch live deltas over SSE; read
+ * steps; list and decide approvals; and administer agents and their policy
+ * bundles.
+ *
+ * Requests carry `Authorization: Bearer <apiKey>` when an API key is configured
+ * (option, else `REBUNO_API_KEY`) and no `Authorization` header otherwise (a dev
+ * kernel needs none). Every request has a timeout (35 s by default). Calls that
+ * PROTOCOL.md 15.2 declares safe are retried with backoff on transport failures
+ * (connection errors, timeouts, `5xx`); creating an execution never is, since a
+ * retry could create a second one. Answers are decoded with the `Protocol`
+ * schemas; errors are `KernelError`s carrying the kernel's `code` and HTTP
+ * status.
+ *
+ * ```ts
+ * Client.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * ```
+ *
+ * @since 0.1.0
+ */
+import { HttpBody, HttpClient, HttpClientRequest, HttpClientResponse } from "@effect/platform"
+import {
+  Chunk,
+  Config,
+  ConfigError,
+  Context,
+  Duration,
+  Effect,
+  Either,
+  Layer,
+  Option,
+  Redacted,
+  Schema,
+  Stream
+} from "effect"
+import * as Http from "./internal/http.js"
+import { stringifyStrict } from "./internal/json.js"
+import * as Protocol from "./Protocol.js"
+import { InvalidArguments, KernelError } from "./RebunoError.js"
+
+/**
+ * Filters and paging of {@link Client.Service.list}.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ListOptions {
+  /** Only executions of this agent. */
+  readonly agentId?: string | undefined
+  /** Only executions in this status. */
+  readonly status?: Protocol.ExecutionStatus | (string & {}) | undefined
+  /** The `nextCursor` of the previous page, exactly as received. */
+  readonly cursor?: string | undefined
+  /** Page size (the kernel's default is 50, its maximum 200). */
+  readonly limit?: number | undefined
+}
+
+/**
+ * Options of {@link Client.Service.events}.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface EventsOptions {
+  /** Only events with a greater `event_seq` (default 0: from the start). */
+  readonly afterSeq?: number | undefined
+  /** Page size (default 100, the kernel's maximum is 1000). */
+  readonly limit?: number | undefined
+}
+
+/**
+ * Options of {@link Client.Service.follow}.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface FollowOptions extends EventsOptions {
+  /** How long to wait between polls once caught up (default 500 ms, on Effect's clock). */
+  readonly pollInterval?: Duration.DurationInput | undefined
+}
+
+/**
+ * A human decision on an approval.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ApprovalDecision {
+  /** Who decides; must be one of the approval's approvers when it lists any. */
+  readonly decidedBy: string
+  readonly rationale?: string | undefined
+}
+
+/**
+ * An agent registration (`POST /v0/agents`).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface AgentRegistration {
+  readonly id: string
+  readonly webhookUrl: string
+  readonly secret: Redacted.Redacted<string> | string
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export declare namespace Client {
+  /**
+   * The client calls (PROTOCOL.md 14.9).
+   *
+   * @since 0.1.0
+   * @category models
+   */
+  export interface Service {
+    /**
+     * `POST /v0/executions`; `input` is omitted when `undefined` and must be
+     * JSON (`InvalidArguments` otherwise, before anything is sent). Never
+     * retried.
+     */
+    readonly create: (
+      agentId: string,
+      input?: unknown,
+      options?: { readonly agentVersion?: string | undefined }
+    ) => Effect.Effect<Protocol.Execution, KernelError | InvalidArguments>
+    /** `GET /v0/executions/{id}`. */
+    readonly get: (executionId: string) => Effect.Effect<Protocol.Execution, KernelError>
+    /** One page of `GET /v0/executions` (newest first). */
+    readonly list: (options?: ListOptions) => Effect.Effect<Protocol.ExecutionPage, KernelError>
+    /** Every execution matching the filters, fetching page after page as the stream is pulled. */
+    readonly listAll: (options?: ListOptions) => Stream.Stream<Protocol.Execution, KernelError>
+    /** `POST /v0/executions/{id}/cancel`; an already terminal execution counts as done. */
+    readonly cancel: (executionId: string) => Effect.Effect<void, KernelError>
+    /** One page of `GET /v0/executions/{id}/events` (ascending `eventSeq`). */
+    readonly events: (
+      executionId: string,
+      options?: EventsOptions
+    ) => Effect.Effect<ReadonlyArray<Protocol.Event>, KernelError>
+    /**
+     * Every event of the execution after `afterSeq`, polling until the
+     * execution is terminal; the stream ends after its final events.
+     */
+    readonly follow: (executionId: string, options?: FollowOptions) => Stream.Stream<Protocol.Event, KernelError>
+    /**
+     * Live deltas over SSE (`GET /v0/executions/{id}/stream`). The kernel keeps
+     * no buffer and never ends the stream: interrupt it (or `Stream.take`) to
+     * stop. Not reconnected automatically.
+     */
+    readonly deltas: (executionId: string) => Stream.Stream<Protocol.LiveDelta, KernelError>
+    /** `GET /v0/executions/{id}/steps` (sorted by step id); `terminal` keeps only terminal steps. */
+    readonly listSteps: (
+      executionId: string,
+      options?: { readonly status?: "terminal" | undefined }
+    ) => Effect.Effect<ReadonlyArray<Protocol.Step>, KernelError>
+    /** `GET /v0/executions/{id}/steps/{step_id}`. */
+    readonly getStep: (executionId: string, stepId: string) => Effect.Effect<Protocol.Step, KernelError>
+    /** `GET /v0/approvals`: pending approvals, oldest first. */
+    readonly listApprovals: () => Effect.Effect<ReadonlyArray<Protocol.Approval>, KernelError>
+    /** `GET /v0/approvals/{id}`. */
+    readonly getApproval: (approvalId: string) => Effect.Effect<Protocol.Approval, KernelError>
+    /** `POST /v0/approvals/{id}/grant`. */
+    readonly grantApproval: (approvalId: string, decision: ApprovalDecision) => Effect.Effect<void, KernelError>
+    /** `POST /v0/approvals/{id}/deny`. */
+    readonly denyApproval: (approvalId: string, decision: ApprovalDecision) => Effect.Effect<void, KernelError>
+    /** `POST /v0/agents` (upsert; drops a loaded policy bundle). */
+    readonly registerAgent: (registration: AgentRegistration) => Effect.Effect<Protocol.Agent, KernelError>
+    /** `GET /v0/agents`. */
+    readonly listAgents: () => Effect.Effect<ReadonlyArray<Protocol.Agent>, KernelError>
+    /** `GET /v0/agents/{id}`. */
+    readonly getAgent: (agentId: string) => Effect.Effect<Protocol.Agent, KernelError>
+    /** `DELETE /v0/agents/{id}` (also succeeds for an unknown id). */
+    readonly deleteAgent: (agentId: string) => Effect.Effect<void, KernelError>
+    /** `POST /v0/policies/{agent_id}` with the raw YAML bundle; `""` removes the policy. */
+    readonly loadPolicy: (agentId: string, bundle: string) => Effect.Effect<void, KernelError>
+  }
+}
+
+/**
+ * The client service.
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class Client extends Context.Tag("effect-rebuno/Client")<Client, Client.Service>() {}
+
+/**
+ * Options of the HTTP client.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /** Kernel base URL; trailing `/` characters are stripped; may contain a path prefix. */
+  readonly baseUrl: string
+  /** API key sent as `Authorization: Bearer <apiKey>`; no header when absent. */
+  readonly apiKey?: Redacted.Redacted<string> | string | undefined
+  /** Per-request timeout (default 35 seconds; for `deltas`, the wait for the response headers). */
+  readonly timeout?: Duration.DurationInput | undefined
+  /** Customise the HTTP client (tracing, proxies, logging). */
+  readonly transformClient?: ((client: HttpClient.HttpClient) => HttpClient.HttpClient) | undefined
+}
+
+/**
+ * The default per-request timeout (PROTOCOL.md 4.3).
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaultTimeout: Duration.Duration = Duration.seconds(35)
+
+/**
+ * The default poll interval of {@link Client.Service.follow}.
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaultPollInterval: Duration.Duration = Duration.millis(500)
+
+// ---------------------------------------------------------------------------
+// Implementation
+// ---------------------------------------------------------------------------
+
+const decodeExecution = Http.jsonDecoder(Protocol.Execution)
+const decodeExecutionPage = Http.jsonDecoder(Protocol.ExecutionPage)
+const decodeEvents = Http.jsonDecoder(Protocol.NullableList(Protocol.Event))
+const decodeSteps = Http.jsonDecoder(Protocol.NullableList(Protocol.Step))
+const decodeStep = Http.jsonDecoder(Protocol.Step)
+const decodeApprovals = Http.jsonDecoder(Protocol.NullableList(Protocol.Approval))
+const decodeApproval = Http.jsonDecoder(Protocol.Approval)
+const decodeAgents = Http.jsonDecoder(Protocol.NullableList(Protocol.Agent))
+const decodeAgent = Http.jsonDecoder(Protocol.Agent)
+const decodeLiveDelta = Schema.decodeUnknownEither(Protocol.LiveDelta)
+
+const DEFAULT_EVENTS_PAGE = 100
+const MAX_EVENTS_PAGE = 1000
+
+/** The events page size the kernel will actually use (PROTOCOL.md 11.5). */
+const clampEventsLimit = (limit: number | undefined): number =>
+  limit === undefined || !(limit >= 1) ? DEFAULT_EVENTS_PAGE : Math.min(Math.floor(limit), MAX_EVENTS_PAGE)
+
+const seg = encodeURIComponent
+
+const query = (params: ReadonlyArray<readonly [string, string | number | undefined]>): string => {
+  let out = ""
+  for (const [key, value] of params) {
+    if (value === undefined || value === "") continue
+    out += (out === "" ? "?" : "&") + key + "=" + encodeURIComponent(String(value))
+  }
+  return out
+}
+
+/**
+ * Build the HTTP client from options. Fails with a `ConfigError` when the base
+ * URL is missing or unusable.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make = (options: Options): Effect.Effect<Client.Service, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Effect.gen(function*() {
+    const base = Http.normalizeBaseUrl(options.baseUrl)
+    if (Either.isLeft(base)) {
+      return yield* Effect.fail(ConfigError.InvalidData(["baseUrl"], `baseUrl ${base.left}`))
+    }
+    const baseUrl = base.right.url
+    const apiKey = options.apiKey === undefined
+      ? undefined
+      : Redacted.isRedacted(options.apiKey)
+      ? options.apiKey
+      : Redacted.make(options.apiKey)
+    const timeout = options.timeout === undefined ? defaultTimeout : Duration.decode(options.timeout)
+    const httpClient = yield* HttpClient.HttpClient
+    const client = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
+
+    const request = (
+      method: "GET" | "POST" | "DELETE",
+      path: string,
+      body?: string
+    ): HttpClientRequest.HttpClientRequest => {
+      let req = HttpClientRequest.make(method)(baseUrl + path)
+      if (apiKey !== undefined && Redacted.value(apiKey) !== "") req = HttpClientRequest.bearerToken(req, apiKey)
+      return body === undefined ? req : HttpClientRequest.setBody(req, HttpBody.text(body, "application/json"))
+    }
+
+    /** One exchange; answers ≥ 300 become `Status` errors unless `recover` accepts them. */
+    const exchange = <A>(
+      req: HttpClientRequest.HttpClientRequest,
+      onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
+      recover?: (failure: Http.ApiFailure) => Option.Option<A>
+    ): Effect.Effect<A, KernelError> =>
+      Effect.flatMap(Http.send(client, req, timeout), (reply): Effect.Effect<A, KernelError> => {
+        if (reply.status < 300) return onSuccess(reply)
+        const failure = Http.apiFailure(reply)
+        if (recover !== undefined) {
+          const recovered = recover(failure)
+          if (Option.isSome(recovered)) return Effect.succeed(recovered.value)
+        }
+        return Effect.fail(Http.statusError(failure))
+      })
+
+    const span = (name: string, attributes?: Record<string, string>) =>
+      Effect.withSpan(`Client.${name}`, {
+        kind: "client",
+        captureStackTrace: false,
+        ...(attributes === undefined ? {} : { attributes })
+      })
+
+    const unit = () => Effect.void
+    const executionPath = (id: string) => "/v0/executions/" + seg(id)
+
+    const get = (executionId: string) =>
+      exchange(request("GET", executionPath(executionId)), decodeExecution).pipe(
+        Http.retryTransport,
+        span("get", { "rebuno.execution_id": executionId })
+      )
+
+    const list = (options?: ListOptions) =>
+      exchange(
+        request(
+          "GET",
+          "/v0/executions" + query([
+            ["agent_id", options?.agentId],
+            ["status", options?.status],
+            ["cursor", options?.cursor],
+            ["limit", options?.limit]
+          ])
+        ),
+        decodeExecutionPage
+      ).pipe(Http.retryTransport, span("list"))
+
+    const events = (executionId: string, options?: EventsOptions) =>
+      exchange(
+        request(
+          "GET",
+          executionPath(executionId) + "/events" +
+            query([["after_seq", options?.afterSeq ?? 0], ["limit", options?.limit ?? DEFAULT_EVENTS_PAGE]])
+        ),
+        decodeEvents
+      ).pipe(Http.retryTransport, span("events", { "rebuno.execution_id": executionId }))
+
+    const getApproval = (approvalId: string) =>
+      exchange(request("GET", "/v0/approvals/" + seg(approvalId)), decodeApproval).pipe(
+        Http.retryTransport,
+        span("getApproval", { "rebuno.approval_id": approvalId })
+      )
+
+    /**
+     * Grant / deny. A repeat after a lost answer gets `409 conflict`; when an
+     * earlier try failed in transit, a conflict whose approval now shows the
+     * requested outcome is that earlier try's success (PROTOCOL.md 15.2).
+     */
+    const decide = (verb: "grant" | "deny", approvalId: string, decision: ApprovalDecision) =>
+      Effect.suspend(() => {
+        let uncertain = false
+        const body = JSON.stringify(
+          decision.rationale === undefined
+            ? { decided_by: decision.decidedBy }
+            : { decided_by: decision.decidedBy, rationale: decision.rationale }
+        )
+        const attempt = exchange(request("POST", "/v0/approvals/" + seg(approvalId) + "/" + verb, body), unit).pipe(
+          Effect.tapError((e) =>
+            Effect.sync(() => {
+              if (Http.isTransportFailure(e)) uncertain = true
+            })
+          ),
+          Http.retryTransport
+        )
+        const expected = verb === "grant" ? "granted" : "denied"
+        return Effect.catchIf(
+          attempt,
+          (e) => uncertain && e.reason === "Status" && e.code === "conflict",
+          (e) =>
+            Effect.flatMap(
+              getApproval(approvalId),
+              (approval) => approval.status === expected && approval.decidedBy === decision.decidedBy
+                ? Effect.void
+                : Effect.fail(e)
+            )
+        )
+      }).pipe(span(verb === "grant" ? "grantApproval" : "denyApproval", { "rebuno.approval_id": approvalId }))
+
+    const follow = (executionId: string, options?: FollowOptions): Stream.Stream<Protocol.Event, KernelError> => {
+      const interval = options?.pollInterval === undefined ? defaultPollInterval : Duration.decode(options.pollInterval)
+      const limit = clampEventsLimit(options?.limit)
+      interface State {
+        readonly afterSeq: number
+        /** Sleep before this poll (caught up on the previous one). */
+        readonly wait: boolean
+        /** The execution was seen terminal: drain the remaining events, then end. */
+        readonly terminal: boolean
+      }
+      const poll = (state: State) =>
+        Effect.gen(function*() {
+          if (state.wait) yield* Effect.sleep(interval)
+          // Read the status before the events: once it is terminal, every event up to the end
+          // is already stored, so draining after it misses nothing.
+          const terminal = state.terminal || Protocol.isTerminalStatus((yield* get(executionId)).status)
+          const page = yield* events(executionId, { afterSeq: state.afterSeq, limit })
+          const afterSeq = page.length === 0 ? state.afterSeq : page[page.length - 1]!.eventSeq
+          const next: State | undefined = terminal
+            ? (page.length === 0 ? undefined : { afterSeq, wait: false, terminal })
+            : { afterSeq, wait: page.length < limit, terminal }
+          return Option.some([Chunk.unsafeFromArray(page.slice()), next] as const)
+        })
+      return Stream.unfoldChunkEffect(
+        { afterSeq: options?.afterSeq ?? 0, wait: false, terminal: false } as State | undefined,
+        (state) => (state === undefined ? Effect.succeed(Option.none()) : poll(state))
+      )
+    }
+
+    const deltas = (executionId: string): Stream.Stream<Protocol.LiveDelta, KernelError> =>
+      Stream.unwrap(
+        Effect.gen(function*() {
+          const req = request("GET", executionPath(executionId) + "/stream").pipe(
+            HttpClientRequest.setHeader("accept", "text/event-stream")
+          )
+          const response = yield* client.execute(req).pipe(
+            Effect.mapError(Http.transportError),
+            Effect.timeoutFail({ duration: timeout, onTimeout: () => Http.timeoutError(timeout) })
+          )
+          if (response.status >= 300) {
+            const text = yield* response.text.pipe(Effect.orElseSucceed(() => ""))
+            return yield* Effect.fail(Http.statusError(Http.apiFailure({ status: response.status, text })))
+          }
+          const parser = Http.makeSseParser()
+          return HttpClientResponse.stream(Effect.succeed(response)).pipe(
+            Stream.mapError(Http.transportError),
+            Stream.decodeText(),
+            Stream.mapConcat(parser.feed),
+            Stream.mapEffect((data): Effect.Effect<Protocol.LiveDelta, KernelError> => {
+              const parsed = Http.parseJson(data)
+              if (Either.isLeft(parsed)) {
+                return Effect.fail(Http.decodeError(response.status, `live delta is not JSON: ${parsed.left}`))
+              }
+              const delta = decodeLiveDelta(parsed.right)
+              return Either.isRight(delta)
+                ? Effect.succeed(delta.right)
+                : Effect.fail(Http.decodeError(response.status, "live delta has an unexpected shape"))
+            })
+          )
+        })
+      )
+
+    const service: Client.Service = {
+      create: (agentId, input, options) =>
+        Effect.suspend((): Effect.Effect<Protocol.Execution, KernelError | InvalidArguments> => {
+          let body = "{\"agent_id\":" + JSON.stringify(agentId)
+          if (input !== undefined) {
+            const encoded = stringifyStrict(input)
+            if (encoded._tag === "Invalid") {
+              return Effect.fail(
+                new InvalidArguments({ target: agentId, path: encoded.path, reason: encoded.reason })
+              )
+            }
+            body += ",\"input\":" + encoded.json
+          }
+          if (options?.agentVersion !== undefined) body += ",\"agent_version\":" + JSON.stringify(options.agentVersion)
+          body += "}"
+          return exchange(request("POST", "/v0/executions", body), decodeExecution)
+        }).pipe(span("create", { "rebuno.agent_id": agentId })),
+      get,
+      list,
+      listAll: (options) =>
+        Stream.paginateChunkEffect(
+          options?.cursor,
+          (cursor) =>
+            Effect.map(list({ ...options, cursor }), (page) =>
+              [
+                Chunk.unsafeFromArray(page.executions.slice()),
+                page.nextCursor === undefined ? Option.none() : Option.some(page.nextCursor)
+              ] as const)
+        ),
+      cancel: (executionId) =>
+        exchange(
+          request("POST", executionPath(executionId) + "/cancel"),
+          unit,
+          (failure) => failure.code === "execution_terminal" ? Option.some(undefined) : Option.none()
+        ).pipe(Http.retryTransport, span("cancel", { "rebuno.execution_id": executionId })),
+      events,
+      follow,
+      deltas,
+      listSteps: (executionId, options) =>
+        exchange(
+          request(
+            "GET",
+            executionPath(executionId) + "/steps" + (options?.status === "terminal" ? "?status=terminal" : "")
+          ),
+          decodeSteps
+        ).pipe(Http.retryTransport, span("listSteps", { "rebuno.execution_id": executionId })),
+      getStep: (executionId, stepId) =>
+        exchange(request("GET", executionPath(executionId) + "/steps/" + seg(stepId)), decodeStep).pipe(
+          Http.retryTransport,
+          span("getStep", { "rebuno.execution_id": executionId, "rebuno.step_id": stepId })
+        ),
+      listApprovals: () =>
+        exchange(request("GET", "/v0/approvals"), decodeApprovals).pipe(Http.retryTransport, span("listApprovals")),
+      getApproval,
+      grantApproval: (approvalId, decision) => decide("grant", approvalId, decision),
+      denyApproval: (approvalId, decision) => decide("deny", approvalId, decision),
+      registerAgent: (registration) =>
+        Effect.suspend(() => {
+          const secret = Redacted.isRedacted(registration.secret)
+            ? Redacted.value(registration.secret)
+            : registration.secret
+          const body = JSON.stringify({ id: registration.id, webhook_url: registration.webhookUrl, secret })
+          return exchange(request("POST", "/v0/agents", body), decodeAgent).pipe(Http.retryTransport)
+        }).pipe(span("registerAgent", { "rebuno.agent_id": registration.id })),
+      listAgents: () =>
+        exchange(request("GET", "/v0/agents"), decodeAgents).pipe(Http.retryTransport, span("listAgents")),
+      getAgent: (agentId) =>
+        exchange(request("GET", "/v0/agents/" + seg(agentId)), decodeAgent).pipe(
+          Http.retryTransport,
+          span("getAgent", { "rebuno.agent_id": agentId })
+        ),
+      deleteAgent: (agentId) =>
+        exchange(request("DELETE", "/v0/agents/" + seg(agentId)), unit).pipe(
+          Http.retryTransport,
+          span("deleteAgent", { "rebuno.agent_id": agentId })
+        ),
+      loadPolicy: (agentId, bundle) =>
+        exchange(request("POST", "/v0/policies/" + seg(agentId), JSON.stringify({ bundle })), unit).pipe(
+          Http.retryTransport,
+          span("loadPolicy", { "rebuno.agent_id": agentId })
+        )
+    }
+    return service
+  })
+
+/**
+ * The HTTP client as a Layer.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layer = (options: Options): Layer.Layer<Client, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Layer.effect(Client, make(options))
+
+/**
+ * The HTTP client configured from the environment: `REBUNO_URL` (required) and
+ * `REBUNO_API_KEY` (optional, read with `Config.redacted`; an empty value means
+ * none). Options given here win over the environment.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerConfig = (
+  options?: Partial<Options>
+): Layer.Layer<Client, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Layer.effect(
+    Client,
+    Effect.gen(function*() {
+      const baseUrl = options?.baseUrl ?? (yield* Config.nonEmptyString("REBUNO_URL"))
+      const apiKey = options?.apiKey ??
+        Option.getOrUndefined(
+          Option.filter(
+            yield* Config.option(Config.redacted("REBUNO_API_KEY")),
+            (key) => Redacted.value(key) !== ""
+          )
+        )
+      return yield* make({ ...options, baseUrl, apiKey })
+    })
+  )

@@ -1,0 +1,482 @@
+/**
+ * The agent's signed channel to a Rebuno kernel (PROTOCOL.md 6, 14.1, 15.1).
+ *
+ * Every call serialises its body once, signs those exact bytes with the agent
+ * secret (`Rebuno-Signature: sha256=…`, or the optional `v1=` scheme of 17.B)
+ * and sends them with `Rebuno-Agent-Id`; lease routes and the delta stream also
+ * carry the run's lease (`Rebuno-Dispatch-Id`, plus `Rebuno-Dispatch-Attempt`
+ * when the attempt is known). Redirects are never followed (any status ≥ 300 is
+ * an error), every request has a timeout (35 s by default), and retries happen
+ * only where section 15 says they are safe — never on a step submission.
+ *
+ * The HTTP implementation needs an `HttpClient`; the common production setup is
+ * one line:
+ *
+ * ```ts
+ * KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * ```
+ *
+ * `layerConfig` reads `REBUNO_URL` and `REBUNO_AGENT_SECRET` (options win over
+ * the environment) and fails fast when either is missing or empty. With
+ * `FetchHttpClient`, provide `FetchHttpClient.RequestInit` with
+ * `{ redirect: "manual" }` so that fetch does not follow redirects itself.
+ * The test kit provides an in-process implementation of the same service.
+ *
+ * @since 0.1.0
+ */
+import { HttpBody, HttpClient, HttpClientRequest, Headers } from "@effect/platform"
+import { Clock, Config, ConfigError, Context, Duration, Effect, Either, Layer, Redacted } from "effect"
+import * as Http from "./internal/http.js"
+import * as Protocol from "./Protocol.js"
+import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "./RebunoError.js"
+import * as Signature from "./Signature.js"
+
+/**
+ * A run's lease: the dispatch it was delivered for and the delivery attempt
+ * (`undefined` when a v0.14.0 kernel did not send one — never invent it).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Lease {
+  readonly dispatchId: string
+  readonly attempt: number | undefined
+}
+
+/**
+ * Who is calling: the agent id and, for lease routes, the run's lease.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Caller {
+  readonly agentId: string
+  readonly lease: Lease
+}
+
+/**
+ * A step submission. `argsJson` is JSON text already checked to be JSON; it is
+ * sent verbatim as the `args` member.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface StepSubmission {
+  readonly kind: string
+  readonly target: string
+  readonly argsJson: string
+  readonly idempotency: "safe_to_retry" | "at_most_once"
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export declare namespace KernelClient {
+  /**
+   * The agent → kernel calls. Errors follow PROTOCOL.md 13.3: `409
+   * execution_terminal` is `Terminated`, `409 lease_superseded` is
+   * `LeaseSuperseded`, `policy_denied` is `PolicyError` (on submit), and
+   * everything else is a `KernelError` (`Transport` for connection failures
+   * and timeouts, `Status` with the HTTP status and the kernel's code, `Decode`
+   * for an unreadable answer). Where a method's error type does not list a
+   * signal, that code arrives as a `Status` `KernelError`. Decisions are
+   * returned as they are (a `200 {"decision":"execution_terminal"}` is a
+   * decision, not an error); interpreting them is the caller's job.
+   *
+   * @since 0.1.0
+   * @category models
+   */
+  export interface Service {
+    /** The agent secret: signs requests and verifies webhooks. */
+    readonly secret: Redacted.Redacted<string>
+    /** `GET /v0/executions/{id}` (retried on transport failures). */
+    readonly getExecution: (
+      caller: { readonly agentId: string },
+      executionId: string
+    ) => Effect.Effect<Protocol.Execution, KernelError>
+    /** `POST /v0/executions/{id}/steps` — never retried. */
+    readonly submitStep: (
+      caller: Caller,
+      executionId: string,
+      submission: StepSubmission
+    ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated | PolicyError>
+    /** `POST …/steps/{step_id}/complete` with `{"result":<resultJson>}` (retried). */
+    readonly completeStep: (
+      caller: Caller,
+      executionId: string,
+      stepId: string,
+      resultJson: string
+    ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
+    /** `POST …/steps/{step_id}/fail` with `{"error":{"message":<message>}}` (retried). */
+    readonly failStep: (
+      caller: Caller,
+      executionId: string,
+      stepId: string,
+      message: string
+    ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
+    /** `POST …/steps/{step_id}/stream` — best effort, never fails, never retried. */
+    readonly publishDelta: (
+      caller: Caller,
+      executionId: string,
+      stepId: string,
+      seq: number,
+      data: string
+    ) => Effect.Effect<void>
+    /** `POST /v0/executions/{id}/heartbeat` (empty signed body, not retried). */
+    readonly heartbeat: (caller: Caller, executionId: string) => Effect.Effect<void, KernelError | LeaseSuperseded>
+    /** `POST /v0/executions/{id}/complete` (retried); `409 execution_terminal` counts as done. */
+    readonly completeExecution: (
+      caller: Caller,
+      executionId: string,
+      outputJson: string | undefined
+    ) => Effect.Effect<void, KernelError | LeaseSuperseded>
+    /** `POST /v0/executions/{id}/fail` with `{"error":<reason>}` (retried); `409 execution_terminal` counts as done. */
+    readonly failExecution: (
+      caller: Caller,
+      executionId: string,
+      reason: string
+    ) => Effect.Effect<void, KernelError | LeaseSuperseded>
+  }
+}
+
+/**
+ * The agent → kernel client service.
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class KernelClient extends Context.Tag("effect-rebuno/KernelClient")<KernelClient, KernelClient.Service>() {}
+
+/**
+ * Options of the HTTP kernel client.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /** Kernel base URL; trailing `/` characters are stripped; may contain a path prefix. */
+  readonly baseUrl: string
+  /** The agent secret (required, non-empty). */
+  readonly secret: Redacted.Redacted<string> | string
+  /** Per-request timeout (default 35 seconds). */
+  readonly timeout?: Duration.DurationInput | undefined
+  /** Request signature scheme: `sha256` (default, PROTOCOL.md 3.2) or `v1` (17.B). */
+  readonly signing?: "sha256" | "v1" | undefined
+  /**
+   * Customise the HTTP client (tracing, proxies, logging). Requests reach it
+   * already signed: a transform must not change the method, URL or body.
+   */
+  readonly transformClient?: ((client: HttpClient.HttpClient) => HttpClient.HttpClient) | undefined
+}
+
+/**
+ * The default per-request timeout (PROTOCOL.md 14.1).
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaultTimeout: Duration.Duration = Duration.seconds(35)
+
+/**
+ * Is this error a transport failure in the sense of PROTOCOL.md 15 (connection
+ * error, timeout, unreadable answer or a `5xx` status)? After a transport
+ * failure of a step submission the outcome is unknown and the run must be
+ * abandoned, not retried.
+ *
+ * @since 0.1.0
+ * @category predicates
+ */
+export const isTransportFailure: (error: unknown) => boolean = Http.isTransportFailure
+
+// ---------------------------------------------------------------------------
+// Implementation
+// ---------------------------------------------------------------------------
+
+const encoder = new TextEncoder()
+const EMPTY = new Uint8Array(0)
+
+const H_CONTENT_TYPE = "content-type"
+const H_AGENT_ID = "rebuno-agent-id"
+const H_SIGNATURE = "rebuno-signature"
+const H_DISPATCH_ID = "rebuno-dispatch-id"
+const H_DISPATCH_ATTEMPT = "rebuno-dispatch-attempt"
+const H_TIMESTAMP = "rebuno-timestamp"
+const JSON_TYPE = "application/json"
+
+/** An error answer on a route that declares no signals. */
+const plainFailure = (failure: Http.ApiFailure): KernelError => Http.statusError(failure)
+
+/** An error answer on a lease route without step outcome (heartbeat, complete / fail execution). */
+const leaseFailure = (failure: Http.ApiFailure): KernelError | LeaseSuperseded =>
+  failure.code === "lease_superseded" ? new LeaseSuperseded() : Http.statusError(failure)
+
+/** An error answer on complete / fail step. */
+const stepFailure = (failure: Http.ApiFailure): KernelError | LeaseSuperseded | Terminated =>
+  failure.code === "execution_terminal"
+    ? new Terminated()
+    : failure.code === "lease_superseded"
+    ? new LeaseSuperseded()
+    : Http.statusError(failure)
+
+/** An error answer on submit. */
+const submitFailure = (failure: Http.ApiFailure): KernelError | LeaseSuperseded | Terminated | PolicyError =>
+  failure.code === "policy_denied"
+    ? new PolicyError({
+      reason: failure.message === "" ? "denied by policy" : failure.message,
+      ...(failure.ruleId === undefined ? {} : { ruleId: failure.ruleId })
+    })
+    : stepFailure(failure)
+
+const decodeDecision = (reply: Http.Reply): Effect.Effect<Protocol.StepDecision, KernelError> => {
+  const parsed = Http.parseJson(reply.text)
+  if (Either.isLeft(parsed)) {
+    return Effect.fail(Http.decodeError(reply.status, `step decision is not JSON: ${parsed.left}`))
+  }
+  const decision = Protocol.decodeStepDecision(parsed.right)
+  return decision === undefined
+    ? Effect.fail(Http.decodeError(reply.status, "step decision has no decision member"))
+    : Effect.succeed(decision)
+}
+
+const decodeExecution = Http.jsonDecoder(Protocol.Execution)
+
+const invalid = (path: string, message: string) =>
+  Effect.fail(ConfigError.InvalidData([path], `${path} ${message}`))
+
+/**
+ * Build the HTTP kernel client from options. Fails with a `ConfigError` when the
+ * base URL or the secret is missing or unusable.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make = (
+  options: Options
+): Effect.Effect<KernelClient.Service, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Effect.gen(function*() {
+    const base = Http.normalizeBaseUrl(options.baseUrl)
+    if (Either.isLeft(base)) return yield* invalid("baseUrl", base.left)
+    const baseUrl = base.right.url
+    const basePath = base.right.pathname
+    const secret = Redacted.isRedacted(options.secret) ? options.secret : Redacted.make(options.secret)
+    if (Redacted.value(secret) === "") return yield* invalid("secret", "must not be empty")
+    const timeout = options.timeout === undefined ? defaultTimeout : Duration.decode(options.timeout)
+    const v1 = options.signing === "v1"
+    const httpClient = yield* HttpClient.HttpClient
+    const client = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
+
+    /** Sign and build one request; runs again for each retry (a fresh `v1` timestamp). */
+    const build = (
+      method: "GET" | "POST",
+      path: string,
+      agentId: string,
+      lease: Lease | undefined,
+      body: Uint8Array | undefined
+    ): Effect.Effect<HttpClientRequest.HttpClientRequest> => {
+      const dispatchId = lease === undefined ? "" : lease.dispatchId
+      const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
+      const finish = (signature: string, timestamp: string | undefined) => {
+        const headers: Record<string, string> = {
+          [H_CONTENT_TYPE]: JSON_TYPE,
+          [H_AGENT_ID]: agentId,
+          [H_SIGNATURE]: signature
+        }
+        if (timestamp !== undefined) headers[H_TIMESTAMP] = timestamp
+        if (lease !== undefined) {
+          headers[H_DISPATCH_ID] = dispatchId
+          if (attempt !== "") headers[H_DISPATCH_ATTEMPT] = attempt
+        }
+        const request = HttpClientRequest.make(method)(baseUrl + path, { headers: Headers.unsafeFromRecord(headers) })
+        return body === undefined ? request : HttpClientRequest.setBody(request, HttpBody.uint8Array(body, JSON_TYPE))
+      }
+      if (!v1) return Effect.map(Signature.sign(secret, body ?? EMPTY), (signature) => finish(signature, undefined))
+      return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        const timestamp = String(Math.floor(now / 1000))
+        return Effect.map(
+          Signature.signV1(secret, {
+            method,
+            target: basePath + path,
+            timestamp,
+            dispatchId,
+            dispatchAttempt: attempt,
+            body: body ?? EMPTY
+          }),
+          (signature) => finish(signature, timestamp)
+        )
+      })
+    }
+
+    /** One exchange: build, send within the timeout, and split success (< 300) from error answers. */
+    const exchange = <A, E>(
+      method: "GET" | "POST",
+      path: string,
+      agentId: string,
+      lease: Lease | undefined,
+      body: Uint8Array | undefined,
+      onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
+      onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>
+    ): Effect.Effect<A, KernelError | E> =>
+      build(method, path, agentId, lease, body).pipe(
+        Effect.flatMap((request) => Http.send(client, request, timeout)),
+        Effect.flatMap((reply): Effect.Effect<A, KernelError | E> =>
+          reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
+        )
+      )
+
+    const span = (name: string, executionId: string, stepId?: string) =>
+      Effect.withSpan(`KernelClient.${name}`, {
+        kind: "client",
+        captureStackTrace: false,
+        attributes: stepId === undefined
+          ? { "rebuno.execution_id": executionId }
+          : { "rebuno.execution_id": executionId, "rebuno.step_id": stepId }
+      })
+
+    const fail = <E>(f: (failure: Http.ApiFailure) => E) => (failure: Http.ApiFailure) => Effect.fail(f(failure))
+    const unit = () => Effect.void
+    /** Complete / fail execution: a `409 execution_terminal` means an earlier try (or a cancel) got there first. */
+    const outcomeFailure = (failure: Http.ApiFailure): Effect.Effect<void, KernelError | LeaseSuperseded> =>
+      failure.code === "execution_terminal" ? Effect.void : Effect.fail(leaseFailure(failure))
+
+    const executionPath = (executionId: string) => "/v0/executions/" + executionId
+    const stepPath = (executionId: string, stepId: string) => "/v0/executions/" + executionId + "/steps/" + stepId
+
+    const service: KernelClient.Service = {
+      secret,
+      getExecution: (caller, executionId) =>
+        exchange(
+          "GET",
+          executionPath(executionId),
+          caller.agentId,
+          undefined,
+          undefined,
+          decodeExecution,
+          fail(plainFailure)
+        ).pipe(Http.retryTransport, span("getExecution", executionId)),
+      submitStep: (caller, executionId, submission) =>
+        Effect.suspend(() => {
+          const body = encoder.encode(
+            "{\"kind\":" + JSON.stringify(submission.kind) +
+              ",\"target\":" + JSON.stringify(submission.target) +
+              ",\"args\":" + submission.argsJson +
+              ",\"idempotency\":" + JSON.stringify(submission.idempotency) + "}"
+          )
+          return exchange(
+            "POST",
+            executionPath(executionId) + "/steps",
+            caller.agentId,
+            caller.lease,
+            body,
+            decodeDecision,
+            fail(submitFailure)
+          )
+        }).pipe(span("submitStep", executionId)),
+      completeStep: (caller, executionId, stepId, resultJson) =>
+        Effect.suspend(() =>
+          exchange(
+            "POST",
+            stepPath(executionId, stepId) + "/complete",
+            caller.agentId,
+            caller.lease,
+            encoder.encode("{\"result\":" + resultJson + "}"),
+            decodeDecision,
+            fail(stepFailure)
+          ).pipe(Http.retryTransport)
+        ).pipe(span("completeStep", executionId, stepId)),
+      failStep: (caller, executionId, stepId, message) =>
+        Effect.suspend(() =>
+          exchange(
+            "POST",
+            stepPath(executionId, stepId) + "/fail",
+            caller.agentId,
+            caller.lease,
+            encoder.encode("{\"error\":{\"message\":" + JSON.stringify(message) + "}}"),
+            decodeDecision,
+            fail(stepFailure)
+          ).pipe(Http.retryTransport)
+        ).pipe(span("failStep", executionId, stepId)),
+      publishDelta: (caller, executionId, stepId, seq, data) =>
+        Effect.suspend(() =>
+          exchange(
+            "POST",
+            stepPath(executionId, stepId) + "/stream",
+            caller.agentId,
+            caller.lease,
+            encoder.encode("{\"seq\":" + seq + ",\"data\":" + JSON.stringify(data) + "}"),
+            unit,
+            fail(plainFailure)
+          )
+        ).pipe(Effect.ignore, span("publishDelta", executionId, stepId)),
+      heartbeat: (caller, executionId) =>
+        exchange(
+          "POST",
+          executionPath(executionId) + "/heartbeat",
+          caller.agentId,
+          caller.lease,
+          EMPTY,
+          unit,
+          fail(leaseFailure)
+        ).pipe(span("heartbeat", executionId)),
+      completeExecution: (caller, executionId, outputJson) =>
+        Effect.suspend(() =>
+          exchange(
+            "POST",
+            executionPath(executionId) + "/complete",
+            caller.agentId,
+            caller.lease,
+            encoder.encode(outputJson === undefined ? "{}" : "{\"output\":" + outputJson + "}"),
+            unit,
+            outcomeFailure
+          ).pipe(Http.retryTransport)
+        ).pipe(span("completeExecution", executionId)),
+      failExecution: (caller, executionId, reason) =>
+        Effect.suspend(() =>
+          exchange(
+            "POST",
+            executionPath(executionId) + "/fail",
+            caller.agentId,
+            caller.lease,
+            encoder.encode("{\"error\":" + JSON.stringify(reason) + "}"),
+            unit,
+            outcomeFailure
+          ).pipe(Http.retryTransport)
+        ).pipe(span("failExecution", executionId))
+    }
+    return service
+  })
+
+/**
+ * The HTTP kernel client as a Layer.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layer = (options: Options): Layer.Layer<KernelClient, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Layer.effect(KernelClient, make(options))
+
+/**
+ * The HTTP kernel client configured from the environment: `REBUNO_URL` and
+ * `REBUNO_AGENT_SECRET` (read with `Config`, the secret as `Config.redacted`).
+ * Options given here win over the environment. Fails with a `ConfigError`
+ * when a required value is missing or empty.
+ *
+ * @example
+ * ```ts
+ * KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * ```
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerConfig = (
+  options?: Partial<Options>
+): Layer.Layer<KernelClient, ConfigError.ConfigError, HttpClient.HttpClient> =>
+  Layer.effect(
+    KernelClient,
+    Effect.gen(function*() {
+      const baseUrl = options?.baseUrl ?? (yield* Config.nonEmptyString("REBUNO_URL"))
+      const secret = options?.secret ?? (yield* Config.redacted(Config.nonEmptyString("REBUNO_AGENT_SECRET")))
+      return yield* make({ ...options, baseUrl, secret })
+    })
+  )

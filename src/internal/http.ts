@@ -1,0 +1,314 @@
+/**
+ * HTTP plumbing shared by `KernelClient` (agent → kernel) and `Client`
+ * (backends and operators): base-URL normalisation, one exchange with a
+ * per-request timeout, the error mapping of PROTOCOL.md 13.3, the
+ * transport-failure test and retry schedule of section 15, JSON decoding into
+ * `KernelError`s, and an incremental `text/event-stream` parser.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import type { HttpClient, HttpClientError, HttpClientRequest } from "@effect/platform"
+import { Duration, Effect, Either, ParseResult, Schedule, Schema } from "effect"
+import { KernelError } from "../RebunoError.js"
+
+/**
+ * A normalised kernel base URL: `url` has its trailing `/` characters stripped
+ * and is prefixed to every route path; `pathname` is its path prefix (`""` for
+ * none), used as the start of a `v1` signature's request target.
+ *
+ * @internal
+ */
+export interface BaseUrl {
+  readonly url: string
+  readonly pathname: string
+}
+
+/**
+ * Normalise a base URL (PROTOCOL.md 4.3, 14.1): trailing slashes stripped, an
+ * optional path prefix kept. Returns a reason string when the URL is unusable.
+ *
+ * @internal
+ */
+export const normalizeBaseUrl = (raw: string): Either.Either<BaseUrl, string> => {
+  const trimmed = raw.trim().replace(/\/+$/, "")
+  if (trimmed === "") return Either.left("must not be empty")
+  let parsed: URL
+  try {
+    parsed = new URL(trimmed)
+  } catch {
+    return Either.left("is not a valid URL")
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    return Either.left("must be an http or https URL")
+  }
+  if (parsed.search !== "" || parsed.hash !== "") {
+    return Either.left("must not contain a query or fragment")
+  }
+  return Either.right({ url: trimmed, pathname: parsed.pathname.replace(/\/+$/, "") })
+}
+
+/**
+ * The status and body text of one answered request.
+ *
+ * @internal
+ */
+export interface Reply {
+  readonly status: number
+  readonly text: string
+}
+
+const describeTransport = (error: HttpClientError.HttpClientError): string => {
+  const cause = error.cause
+  const detail = cause instanceof Error ? cause.message : error.description
+  const what = error._tag === "RequestError"
+    ? (error.reason === "Transport" ? "request failed" : `request ${error.reason.toLowerCase()} error`)
+    : "reading the response failed"
+  return detail === undefined || detail === "" ? what : `${what}: ${detail}`
+}
+
+/**
+ * A transport failure (connection error, reset, unreadable body). The request
+ * itself is deliberately not kept: its headers carry credentials.
+ *
+ * @internal
+ */
+export const transportError = (error: HttpClientError.HttpClientError): KernelError =>
+  new KernelError({ reason: "Transport", description: describeTransport(error), cause: error.cause })
+
+/**
+ * The error of a request that ran out of time.
+ *
+ * @internal
+ */
+export const timeoutError = (timeout: Duration.Duration): KernelError =>
+  new KernelError({ reason: "Transport", description: `request timed out after ${Duration.format(timeout)}` })
+
+/**
+ * Send one request and read its body, within `timeout`. Any answer is a
+ * `Reply`, whatever its status; only transport failures and the timeout fail.
+ *
+ * @internal
+ */
+export const send = (
+  client: HttpClient.HttpClient,
+  request: HttpClientRequest.HttpClientRequest,
+  timeout: Duration.Duration
+): Effect.Effect<Reply, KernelError> =>
+  client.execute(request).pipe(
+    Effect.flatMap((response) => Effect.map(response.text, (text): Reply => ({ status: response.status, text }))),
+    Effect.mapError(transportError),
+    Effect.timeoutFail({ duration: timeout, onTimeout: () => timeoutError(timeout) })
+  )
+
+/**
+ * A decoded error answer (status ≥ 300), per PROTOCOL.md 13.3: the envelope's
+ * `code` and `message`, or `internal_error` with the body text (or
+ * `request failed` when empty) when the body is not JSON or has no `code`.
+ *
+ * @internal
+ */
+export interface ApiFailure {
+  readonly status: number
+  readonly code: string
+  readonly message: string
+  readonly ruleId: string | undefined
+}
+
+const MAX_ERROR_TEXT = 4096
+
+/** @internal */
+export const apiFailure = (reply: Reply): ApiFailure => {
+  const parsed = parseJson(reply.text)
+  if (Either.isRight(parsed)) {
+    const body = parsed.right
+    if (typeof body === "object" && body !== null && !Array.isArray(body)) {
+      const o = body as Record<string, unknown>
+      const code = o["code"]
+      if (typeof code === "string" && code !== "") {
+        const message = o["message"]
+        const ruleId = o["rule_id"]
+        return {
+          status: reply.status,
+          code,
+          message: typeof message === "string" ? message : "",
+          ruleId: typeof ruleId === "string" && ruleId !== "" ? ruleId : undefined
+        }
+      }
+    }
+  }
+  const text = reply.text.trim()
+  return {
+    status: reply.status,
+    code: "internal_error",
+    message: text === "" ? "request failed" : text.length > MAX_ERROR_TEXT ? text.slice(0, MAX_ERROR_TEXT) + "…" : text,
+    ruleId: undefined
+  }
+}
+
+/**
+ * The `KernelError` of an error answer: reason `Status`, with the HTTP status
+ * and the kernel's code.
+ *
+ * @internal
+ */
+export const statusError = (failure: ApiFailure): KernelError =>
+  new KernelError({
+    reason: "Status",
+    status: failure.status,
+    code: failure.code,
+    description: failure.message
+  })
+
+/**
+ * Is this a transport failure in the sense of PROTOCOL.md 15 — an outcome after
+ * which the caller cannot know whether the kernel processed the request
+ * (connection error, timeout, unreadable answer, or a `5xx` status)?
+ *
+ * @internal
+ */
+export const isTransportFailure = (error: unknown): boolean =>
+  error instanceof KernelError &&
+  (error.reason === "Transport" || (error.reason === "Status" && error.status !== undefined && error.status >= 500))
+
+/**
+ * Backoff for the calls PROTOCOL.md 15 declares safe to retry: 100 ms, 200 ms,
+ * 400 ms (four tries in all), on Effect's clock.
+ *
+ * @internal
+ */
+export const retrySchedule: Schedule.Schedule<unknown> = Schedule.exponential("100 millis", 2).pipe(
+  Schedule.intersect(Schedule.recurs(3))
+)
+
+/**
+ * Retry an effect on transport failures only.
+ *
+ * @internal
+ */
+export const retryTransport = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.retry(self, { schedule: retrySchedule, while: isTransportFailure })
+
+/**
+ * `JSON.parse` without throwing.
+ *
+ * @internal
+ */
+export const parseJson = (text: string): Either.Either<unknown, string> => {
+  try {
+    return Either.right(JSON.parse(text))
+  } catch (e) {
+    return Either.left(e instanceof Error ? e.message : "invalid JSON")
+  }
+}
+
+/**
+ * The `KernelError` of an answer whose body could not be decoded.
+ *
+ * @internal
+ */
+export const decodeError = (status: number, description: string): KernelError =>
+  new KernelError({ reason: "Decode", status, description })
+
+/**
+ * Build a decoder from a reply's JSON body to a schema's type, failing with a
+ * `Decode` `KernelError`.
+ *
+ * @internal
+ */
+export const jsonDecoder = <A, I>(schema: Schema.Schema<A, I, never>) => {
+  const decode = Schema.decodeUnknownEither(schema)
+  return (reply: Reply): Effect.Effect<A, KernelError> => {
+    const parsed = parseJson(reply.text)
+    if (Either.isLeft(parsed)) {
+      return Effect.fail(decodeError(reply.status, `response is not JSON: ${parsed.left}`))
+    }
+    const decoded = decode(parsed.right)
+    return Either.isRight(decoded)
+      ? Effect.succeed(decoded.right)
+      : Effect.fail(
+        decodeError(reply.status, `unexpected response: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`)
+      )
+  }
+}
+
+// ---------------------------------------------------------------------------
+// text/event-stream
+// ---------------------------------------------------------------------------
+
+/**
+ * An incremental `text/event-stream` parser: feed it decoded text chunks (split
+ * anywhere, including inside a line or between CR and LF) and it returns the
+ * `data` of every event completed so far. Lines starting with `:` are
+ * comments; fields other than `data` are ignored; an event is dispatched at a
+ * blank line when it has data; an unterminated event at the end is dropped.
+ *
+ * @internal
+ */
+export interface SseParser {
+  readonly feed: (chunk: string) => ReadonlyArray<string>
+}
+
+/** @internal */
+export const makeSseParser = (): SseParser => {
+  let pending = ""
+  let data = ""
+  let hasData = false
+  let skipLf = false
+  let first = true
+
+  const line = (text: string, out: Array<string>): void => {
+    if (text === "") {
+      if (hasData) out.push(data)
+      data = ""
+      hasData = false
+      return
+    }
+    if (text.charCodeAt(0) === 0x3a /* : */) return
+    const colon = text.indexOf(":")
+    const field = colon === -1 ? text : text.slice(0, colon)
+    if (field !== "data") return
+    let value = colon === -1 ? "" : text.slice(colon + 1)
+    if (value.charCodeAt(0) === 0x20) value = value.slice(1)
+    data = hasData ? data + "\n" + value : value
+    hasData = true
+  }
+
+  return {
+    feed: (chunk) => {
+      const out: Array<string> = []
+      let text = chunk
+      if (first && text.length > 0) {
+        first = false
+        if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
+      }
+      let start = 0
+      for (let i = 0; i < text.length; i++) {
+        const c = text.charCodeAt(i)
+        if (c === 0x0a) {
+          if (skipLf && i === start && pending === "") {
+            skipLf = false
+            start = i + 1
+            continue
+          }
+          line(pending + text.slice(start, i), out)
+          pending = ""
+          skipLf = false
+          start = i + 1
+        } else if (c === 0x0d) {
+          line(pending + text.slice(start, i), out)
+          pending = ""
+          skipLf = true
+          start = i + 1
+        } else {
+          skipLf = false
+        }
+      }
+      if (start < text.length) {
+        pending += text.slice(start)
+        skipLf = false
+      }
+      return out
+    }
+  }
+}

@@ -1,0 +1,657 @@
+import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
+import { describe, expect, it } from "@effect/vitest"
+import { Chunk, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Stream, TestClock } from "effect"
+import * as Client from "../src/Client.js"
+import { makeSseParser } from "../src/internal/http.js"
+import { InvalidArguments, KernelError } from "../src/RebunoError.js"
+
+// ---------------------------------------------------------------------------
+// In-memory HttpClient double: records requests, answers from a script.
+// ---------------------------------------------------------------------------
+
+interface Recorded {
+  readonly method: string
+  readonly url: string
+  readonly headers: Readonly<Record<string, string>>
+  readonly text: string | undefined
+}
+
+type Answer = Response | "transport" | "never"
+
+const TRACE_HEADERS = new Set(["traceparent", "b3", "tracestate"])
+
+const makeDouble = (script: (request: Recorded, index: number) => Answer) => {
+  const requests: Array<Recorded> = []
+  const client = HttpClient.make((request, url) =>
+    Effect.suspend(() => {
+      const body = request.body._tag === "Uint8Array" ? request.body.body : undefined
+      const headers: Record<string, string> = {}
+      for (const [k, v] of Object.entries(request.headers)) if (!TRACE_HEADERS.has(k)) headers[k] = v
+      const recorded: Recorded = {
+        method: request.method,
+        url: url.toString(),
+        headers,
+        text: body === undefined ? undefined : new TextDecoder().decode(body)
+      }
+      requests.push(recorded)
+      const answer = script(recorded, requests.length - 1)
+      if (answer === "never") return Effect.never
+      if (answer === "transport") {
+        return Effect.fail(
+          new HttpClientError.RequestError({ request, reason: "Transport", cause: new Error("socket hang up") })
+        )
+      }
+      return Effect.succeed(HttpClientResponse.fromWeb(request, answer))
+    })
+  )
+  return { requests, layer: Layer.succeed(HttpClient.HttpClient, client) }
+}
+
+const json = (status: number, body: unknown) =>
+  new Response(JSON.stringify(body) + "\n", {
+    status,
+    headers: { "content-type": "application/json; charset=utf-8" }
+  })
+const noContent = () => new Response(null, { status: 204 })
+const envelope = (status: number, code: string, message: string) => json(status, { code, message })
+
+const EXEC = "0192f1a0-0000-7000-8000-000000000000"
+const EXEC2 = "0192f1a0-0000-7000-8000-000000000002"
+const EXEC3 = "0192f1a0-0000-7000-8000-000000000003"
+const APPROVAL = "0192f1a0-0000-7000-8000-0000000000a1"
+const STEP = "cd3f" + "0".repeat(56) + "5c29"
+const BASE = "http://kernel:8080"
+const API_KEY = "sk-live-very-secret"
+
+const withClient = <A, E>(
+  script: (request: Recorded, index: number) => Answer,
+  body: (client: Client.Client.Service, requests: ReadonlyArray<Recorded>) => Effect.Effect<A, E>,
+  options: Partial<Client.Options> = {}
+) => {
+  const double = makeDouble(script)
+  return Effect.flatMap(Client.make({ baseUrl: BASE, ...options }), (client) => body(client, double.requests)).pipe(
+    Effect.provide(double.layer)
+  )
+}
+
+const settle = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+
+const settleUntil = (done: () => boolean) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 100 && !done(); i++) yield* settle
+  })
+
+/** Runs an effect to completion, moving the TestClock one second whenever it waits on a sleep. */
+const driveClock = <A, E>(effect: Effect.Effect<A, E>) =>
+  Effect.gen(function*() {
+    const fiber = yield* Effect.fork(effect)
+    for (let i = 0; i < 1000; i++) {
+      const done = yield* Fiber.poll(fiber)
+      if (done._tag === "Some") break
+      yield* settle
+      if (Chunk.size(yield* TestClock.sleeps()) > 0) yield* TestClock.adjust("1 second")
+    }
+    return yield* Fiber.await(fiber)
+  })
+
+const failureOf = <A, E>(exit: Exit.Exit<A, E>): E => {
+  if (Exit.isSuccess(exit)) throw new Error("expected a failure")
+  if (exit.cause._tag !== "Fail") throw new Error(`expected a Fail cause, got ${exit.cause._tag}`)
+  return exit.cause.error
+}
+
+const execution = (id: string, status = "running") => ({
+  id,
+  agent_id: "hello",
+  input: null,
+  status,
+  created_at: "2026-08-18T19:40:54Z",
+  updated_at: "2026-08-18T19:40:54Z"
+})
+
+const event = (seq: number, type = "step.succeeded") => ({
+  execution_id: EXEC,
+  event_seq: seq,
+  type,
+  payload: { n: seq },
+  occurred_at: "2026-08-18T19:40:54Z"
+})
+
+const pathOf = (url: string) => url.slice(BASE.length)
+
+describe("Client executions", () => {
+  it.effect("create: POST with only the given members; no Authorization header without an API key", () =>
+    withClient(
+      () => json(201, execution(EXEC)),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const created = yield* client.create("hello", { query: "<hi>" }, { agentVersion: "abc" })
+          yield* client.create("hello")
+          yield* client.create("hello", null)
+          expect(created.id).toBe(EXEC)
+          expect(created.status).toBe("running")
+          expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual([
+            ["POST", "/v0/executions", "{\"agent_id\":\"hello\",\"input\":{\"query\":\"<hi>\"},\"agent_version\":\"abc\"}"],
+            ["POST", "/v0/executions", "{\"agent_id\":\"hello\"}"],
+            ["POST", "/v0/executions", "{\"agent_id\":\"hello\",\"input\":null}"]
+          ])
+          for (const request of requests) {
+            expect(request.headers["content-type"]).toBe("application/json")
+            expect("authorization" in request.headers).toBe(false)
+          }
+        })
+    ))
+
+  it.effect("create: non-JSON input fails before anything is sent", () =>
+    withClient(
+      () => json(201, execution(EXEC)),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.create("hello", { n: Number.NaN })))
+          expect(error).toBeInstanceOf(InvalidArguments)
+          expect(error).toMatchObject({ path: "$.n" })
+          expect(requests).toHaveLength(0)
+        })
+    ))
+
+  it.effect("create is never retried (503 and transport failure: one request each)", () =>
+    withClient(
+      (_, index) => (index === 0 ? envelope(503, "internal_error", "down") : "transport"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(failureOf(yield* driveClock(client.create("hello", {})))).toMatchObject({ status: 503 })
+          expect(requests).toHaveLength(1)
+          expect(failureOf(yield* driveClock(client.create("hello", {})))).toMatchObject({ reason: "Transport" })
+          yield* TestClock.adjust("1 minute")
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("get is retried on a 5xx", () =>
+    withClient(
+      (_, index) => (index === 0 ? envelope(502, "internal_error", "bad gateway") : json(200, execution(EXEC))),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.get(EXEC))
+          expect(Exit.isSuccess(exit)).toBe(true)
+          expect(requests.map((r) => [r.method, pathOf(r.url)])).toEqual([
+            ["GET", `/v0/executions/${EXEC}`],
+            ["GET", `/v0/executions/${EXEC}`]
+          ])
+        })
+    ))
+
+  it.effect("get: 404 is a Status KernelError with code and status", () =>
+    withClient(
+      () => envelope(404, "not_found", "not found"),
+      (client) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.get(EXEC)))
+          expect(error).toBeInstanceOf(KernelError)
+          expect(error).toMatchObject({ reason: "Status", status: 404, code: "not_found", description: "not found" })
+        })
+    ))
+
+  it.effect("list: query parameters, null executions and the cursor", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? json(200, { executions: [execution(EXEC2), execution(EXEC)], next_cursor: EXEC })
+          : json(200, { executions: null }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const first = yield* client.list({ agentId: "hello", status: "running", limit: 2 })
+          expect(first.executions.map((e) => e.id)).toEqual([EXEC2, EXEC])
+          expect(first.nextCursor).toBe(EXEC)
+          const second = yield* client.list({ agentId: "hello", cursor: first.nextCursor })
+          expect(second).toEqual({ executions: [], nextCursor: undefined })
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            "/v0/executions?agent_id=hello&status=running&limit=2",
+            `/v0/executions?agent_id=hello&cursor=${EXEC}`
+          ])
+        })
+    ))
+
+  it.effect("listAll pages through every execution", () =>
+    withClient(
+      (request) => {
+        const url = new URL(request.url)
+        switch (url.searchParams.get("cursor")) {
+          case null:
+            return json(200, { executions: [execution(EXEC3), execution(EXEC2)], next_cursor: EXEC2 })
+          case EXEC2:
+            return json(200, { executions: [execution(EXEC)], next_cursor: EXEC })
+          default:
+            return json(200, { executions: null })
+        }
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          const all = yield* Stream.runCollect(client.listAll({ limit: 2 }))
+          expect(Chunk.toReadonlyArray(all).map((e) => e.id)).toEqual([EXEC3, EXEC2, EXEC])
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            "/v0/executions?limit=2",
+            `/v0/executions?cursor=${EXEC2}&limit=2`,
+            `/v0/executions?cursor=${EXEC}&limit=2`
+          ])
+        })
+    ))
+
+  it.effect("cancel: POST without a body; 409 execution_terminal counts as success; 404 does not", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? noContent()
+          : index === 1
+          ? envelope(409, "execution_terminal", "execution terminal")
+          : envelope(404, "not_found", "not found"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.cancel(EXEC)
+          yield* client.cancel(EXEC)
+          const error = failureOf(yield* Effect.exit(client.cancel(EXEC)))
+          expect(error).toMatchObject({ status: 404, code: "not_found" })
+          expect(requests[0]!.method).toBe("POST")
+          expect(pathOf(requests[0]!.url)).toBe(`/v0/executions/${EXEC}/cancel`)
+          expect(requests[0]!.text).toBeUndefined()
+        })
+    ))
+})
+
+describe("Client events", () => {
+  it.effect("events: after_seq and limit, null → []", () =>
+    withClient(
+      (_, index) => (index === 0 ? json(200, [event(1), event(2)]) : json(200, null)),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const page = yield* client.events(EXEC)
+          expect(page.map((e) => e.eventSeq)).toEqual([1, 2])
+          expect(page[0]!.payload).toEqual({ n: 1 })
+          expect(yield* client.events(EXEC, { afterSeq: 2, limit: 10 })).toEqual([])
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            `/v0/executions/${EXEC}/events?after_seq=0&limit=100`,
+            `/v0/executions/${EXEC}/events?after_seq=2&limit=10`
+          ])
+        })
+    ))
+
+  it.effect("follow polls after the last seq and ends after the final events of a terminal execution", () => {
+    let polls = 0
+    return withClient(
+      (request) => {
+        const url = new URL(request.url)
+        if (url.pathname.endsWith("/events")) {
+          const after = Number(url.searchParams.get("after_seq"))
+          const stored = polls < 2 ? [1, 2, 3] : [1, 2, 3, 4, 5]
+          return json(200, stored.filter((n) => n > after).map((n) => event(n)) || null)
+        }
+        polls++
+        return json(200, execution(EXEC, polls < 2 ? "running" : "completed"))
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fiber = yield* Effect.fork(Stream.runCollect(client.follow(EXEC)))
+          yield* settleUntil(() => requests.length === 2)
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            `/v0/executions/${EXEC}`,
+            `/v0/executions/${EXEC}/events?after_seq=0&limit=100`
+          ])
+          yield* settleUntil(() => false)
+          expect(requests).toHaveLength(2)
+          // Nothing happens until the poll interval has passed on the virtual clock.
+          yield* TestClock.adjust("499 millis")
+          yield* settle
+          expect(requests).toHaveLength(2)
+          yield* TestClock.adjust("1 millis")
+          const events = yield* Fiber.join(fiber)
+          expect(Chunk.toReadonlyArray(events).map((e) => e.eventSeq)).toEqual([1, 2, 3, 4, 5])
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            `/v0/executions/${EXEC}`,
+            `/v0/executions/${EXEC}/events?after_seq=0&limit=100`,
+            `/v0/executions/${EXEC}`,
+            `/v0/executions/${EXEC}/events?after_seq=3&limit=100`,
+            `/v0/executions/${EXEC}/events?after_seq=5&limit=100`
+          ])
+        })
+    )
+  })
+
+  it.effect("follow drains full pages without waiting and honours afterSeq and pollInterval", () =>
+    withClient(
+      (request) => {
+        const url = new URL(request.url)
+        if (!url.pathname.endsWith("/events")) return json(200, execution(EXEC, "cancelled"))
+        const after = Number(url.searchParams.get("after_seq"))
+        const limit = Number(url.searchParams.get("limit"))
+        const all = [1, 2, 3, 4, 5, 6, 7].filter((n) => n > after).slice(0, limit)
+        return json(200, all.length === 0 ? null : all.map((n) => event(n)))
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          const events = yield* Stream.runCollect(client.follow(EXEC, { afterSeq: 1, limit: 2, pollInterval: "1 hour" }))
+          expect(Chunk.toReadonlyArray(events).map((e) => e.eventSeq)).toEqual([2, 3, 4, 5, 6, 7])
+          expect(requests.filter((r) => !r.url.includes("/events"))).toHaveLength(1)
+        })
+    ))
+
+  it.effect("follow surfaces errors", () =>
+    withClient(
+      () => envelope(404, "not_found", "not found"),
+      (client) =>
+        Effect.gen(function*() {
+          const exit = yield* Effect.exit(Stream.runCollect(client.follow(EXEC)))
+          expect(failureOf(exit)).toMatchObject({ status: 404 })
+        })
+    ))
+})
+
+describe("Client live deltas (SSE)", () => {
+  const sse = (chunks: ReadonlyArray<string>, status = 200) => {
+    const encoder = new TextEncoder()
+    return new Response(
+      new ReadableStream<Uint8Array>({
+        start(controller) {
+          for (const chunk of chunks) controller.enqueue(encoder.encode(chunk))
+          controller.close()
+        }
+      }),
+      { status, headers: { "content-type": "text/event-stream" } }
+    )
+  }
+
+  it.effect("parses data events split across chunks and mid-line, with CRLF; ignores comments and other fields", () =>
+    withClient(
+      () =>
+        sse([
+          ": keep-alive\n\n",
+          `data: {"step_id":"${STEP}","se`,
+          `q":0,"data":"hel"}\n`,
+          "\ndata: {\"step_id\":\"s2\",\"seq\":1,\"data\":\"\u00e9\u20ac",
+          "\ud83d\ude42\\u003c\"}\r",
+          "\n\r\n",
+          "event: ignored\nid: 3\ndata:{\"step_id\":\"s2\",\"seq\":2,\"data\":\"\"}\n\n",
+          "data: {\"step_id\":\"s2\",\"seq\":3,\"data\":\"unterminated\"}\n"
+        ]),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const deltas = yield* Stream.runCollect(client.deltas(EXEC))
+          expect(Chunk.toReadonlyArray(deltas)).toEqual([
+            { stepId: STEP, seq: 0, data: "hel" },
+            { stepId: "s2", seq: 1, data: "é€🙂<" },
+            { stepId: "s2", seq: 2, data: "" }
+          ])
+          expect(requests[0]!.method).toBe("GET")
+          expect(pathOf(requests[0]!.url)).toBe(`/v0/executions/${EXEC}/stream`)
+          expect(requests[0]!.headers["accept"]).toBe("text/event-stream")
+        })
+    ))
+
+  it.effect("byte chunks split inside a UTF-8 sequence", () => {
+    const bytes = new TextEncoder().encode(`data: {"step_id":"a","seq":0,"data":"€"}\n\n`)
+    const cut = bytes.indexOf(0xe2) + 1
+    return withClient(
+      () =>
+        new Response(
+          new ReadableStream<Uint8Array>({
+            start(controller) {
+              controller.enqueue(bytes.slice(0, cut))
+              controller.enqueue(bytes.slice(cut))
+              controller.close()
+            }
+          }),
+          { status: 200 }
+        ),
+      (client) =>
+        Effect.gen(function*() {
+          const deltas = yield* Stream.runCollect(client.deltas(EXEC))
+          expect(Chunk.toReadonlyArray(deltas)).toEqual([{ stepId: "a", seq: 0, data: "€" }])
+        })
+    )
+  })
+
+  it.effect("an error answer fails the stream with the mapped error", () =>
+    withClient(
+      () => envelope(400, "validation_error", "validation error"),
+      (client) =>
+        Effect.gen(function*() {
+          const exit = yield* Effect.exit(Stream.runCollect(client.deltas("not-a-uuid")))
+          expect(failureOf(exit)).toMatchObject({ reason: "Status", status: 400, code: "validation_error" })
+        })
+    ))
+
+  it.effect("a non-JSON data line fails the stream with a Decode error", () =>
+    withClient(
+      () => sse(["data: nope\n\n"]),
+      (client) =>
+        Effect.gen(function*() {
+          const exit = yield* Effect.exit(Stream.runCollect(client.deltas(EXEC)))
+          expect(failureOf(exit)).toMatchObject({ reason: "Decode" })
+        })
+    ))
+
+  it("the parser joins multi-line data and handles CR, LF and CRLF line ends", () => {
+    const parser = makeSseParser()
+    const out = [
+      ...parser.feed("\ufeffdata: a\r\ndata:b\rdata:  c\n"),
+      ...parser.feed("\r"),
+      ...parser.feed("\n"),
+      ...parser.feed(": comment\n\n\n"),
+      ...parser.feed("data\n\n"),
+      ...parser.feed("retry: 5\n\n")
+    ]
+    expect(out).toEqual(["a\nb\n c", ""])
+  })
+})
+
+describe("Client steps, approvals, agents, policies", () => {
+  it.effect("listSteps / getStep", () =>
+    withClient(
+      (request) =>
+        request.url.endsWith("/steps")
+          ? json(200, null)
+          : request.url.endsWith("?status=terminal")
+          ? json(200, [{ step_id: STEP, status: "succeeded", result: { ok: true } }])
+          : json(200, { step_id: STEP, status: "executing", occurrence: 1 }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* client.listSteps(EXEC)).toEqual([])
+          const terminal = yield* client.listSteps(EXEC, { status: "terminal" })
+          expect(terminal.map((s) => [s.stepId, s.status, s.result])).toEqual([[STEP, "succeeded", { ok: true }]])
+          const step = yield* client.getStep(EXEC, STEP)
+          expect(step.occurrence).toBe(1)
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            `/v0/executions/${EXEC}/steps`,
+            `/v0/executions/${EXEC}/steps?status=terminal`,
+            `/v0/executions/${EXEC}/steps/${STEP}`
+          ])
+        })
+    ))
+
+  it.effect("approvals: list (null → []), get, grant and deny bodies", () =>
+    withClient(
+      (request) =>
+        request.url.endsWith("/approvals")
+          ? json(200, null)
+          : request.method === "GET"
+          ? json(200, { id: APPROVAL, status: "pending", approvers: ["alice"], step_id: STEP })
+          : noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* client.listApprovals()).toEqual([])
+          const approval = yield* client.getApproval(APPROVAL)
+          expect(approval.approvers).toEqual(["alice"])
+          yield* client.grantApproval(APPROVAL, { decidedBy: "alice" })
+          yield* client.denyApproval(APPROVAL, { decidedBy: "bob", rationale: "too risky" })
+          expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual([
+            ["GET", "/v0/approvals", undefined],
+            ["GET", `/v0/approvals/${APPROVAL}`, undefined],
+            ["POST", `/v0/approvals/${APPROVAL}/grant`, "{\"decided_by\":\"alice\"}"],
+            ["POST", `/v0/approvals/${APPROVAL}/deny`, "{\"decided_by\":\"bob\",\"rationale\":\"too risky\"}"]
+          ])
+        })
+    ))
+
+  it.effect("grant: a 409 conflict after a lost answer is confirmed with GET and counts as success", () =>
+    withClient(
+      (request, index) =>
+        index === 0
+          ? "transport"
+          : request.method === "POST"
+          ? envelope(409, "conflict", "conflict")
+          : json(200, { id: APPROVAL, status: "granted", decided_by: "alice" }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* driveClock(client.grantApproval(APPROVAL, { decidedBy: "alice" }))).toEqual(Exit.void)
+          expect(requests.map((r) => r.method)).toEqual(["POST", "POST", "GET"])
+        })
+    ))
+
+  it.effect("grant: a plain 409 conflict (no earlier lost answer) is an error", () =>
+    withClient(
+      () => envelope(409, "conflict", "conflict"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.grantApproval(APPROVAL, { decidedBy: "alice" })))
+          expect(error).toMatchObject({ status: 409, code: "conflict" })
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("agents: register (secret sent, never decoded back), list, get, delete; loadPolicy", () =>
+    withClient(
+      (request) => {
+        const path = pathOf(request.url)
+        if (path === "/v0/agents" && request.method === "POST") {
+          return json(201, {
+            ID: "hello",
+            WebhookURL: "http://localhost:5000/webhook",
+            Secret: "hello-secret",
+            PolicyBundle: "",
+            RegisteredAt: "0001-01-01T00:00:00Z"
+          })
+        }
+        if (path === "/v0/agents") return json(200, [{ ID: "a" }, { ID: "b" }])
+        if (path.startsWith("/v0/agents/") && request.method === "GET") {
+          return json(200, { ID: "my agent", PolicyBundle: "default_action: deny\n" })
+        }
+        if (path.startsWith("/v0/policies/")) {
+          return request.text === "{\"bundle\":\"bad\"}"
+            ? envelope(400, "validation_error", "load policy bundle: validation error: invalid policy bundle: x")
+            : noContent()
+        }
+        return noContent()
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          const agent = yield* client.registerAgent({
+            id: "hello",
+            webhookUrl: "http://localhost:5000/webhook",
+            secret: Redacted.make("hello-secret")
+          })
+          expect(agent.id).toBe("hello")
+          expect(JSON.stringify(agent)).not.toContain("hello-secret")
+          expect((yield* client.listAgents()).map((a) => a.id)).toEqual(["a", "b"])
+          expect((yield* client.getAgent("my agent")).policyBundle).toBe("default_action: deny\n")
+          yield* client.deleteAgent("my agent")
+          yield* client.loadPolicy("my agent", "default_action: deny\n")
+          const error = failureOf(yield* Effect.exit(client.loadPolicy("hello", "bad")))
+          expect(error).toMatchObject({
+            status: 400,
+            code: "validation_error",
+            description: "load policy bundle: validation error: invalid policy bundle: x"
+          })
+          expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual([
+            [
+              "POST",
+              "/v0/agents",
+              "{\"id\":\"hello\",\"webhook_url\":\"http://localhost:5000/webhook\",\"secret\":\"hello-secret\"}"
+            ],
+            ["GET", "/v0/agents", undefined],
+            ["GET", "/v0/agents/my%20agent", undefined],
+            ["DELETE", "/v0/agents/my%20agent", undefined],
+            ["POST", "/v0/policies/my%20agent", "{\"bundle\":\"default_action: deny\\n\"}"],
+            ["POST", "/v0/policies/hello", "{\"bundle\":\"bad\"}"]
+          ])
+        })
+    ))
+})
+
+describe("Client configuration", () => {
+  it.effect("sends Authorization: Bearer only when an API key is configured, and never leaks it", () =>
+    withClient(
+      (_, index) => (index === 0 ? json(200, execution(EXEC)) : "transport"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.get(EXEC)
+          expect(requests[0]!.headers["authorization"]).toBe(`Bearer ${API_KEY}`)
+          const error = failureOf(yield* driveClock(client.get(EXEC)))
+          expect(error.message).not.toContain(API_KEY)
+          expect(String(error)).not.toContain(API_KEY)
+          expect(JSON.stringify(error)).not.toContain(API_KEY)
+        }),
+      { apiKey: Redacted.make(API_KEY) }
+    ))
+
+  it.effect("base URL prefix and trailing slashes", () =>
+    withClient(
+      () => json(200, null),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.listApprovals()
+          expect(requests[0]!.url).toBe("http://kernel:8080/prefix/v0/approvals")
+        }),
+      { baseUrl: "http://kernel:8080/prefix//" }
+    ))
+
+  it.effect("timeouts: a silent kernel gives a Transport error after the configured timeout", () =>
+    withClient(
+      () => "never",
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fiber = yield* Effect.fork(client.create("hello"))
+          yield* settleUntil(() => requests.length === 1)
+          yield* TestClock.adjust("5 seconds")
+          const error = failureOf(yield* Fiber.await(fiber))
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          expect(requests).toHaveLength(1)
+        }),
+      { timeout: "5 seconds" }
+    ))
+
+  const getVia = (layer: Layer.Layer<Client.Client, unknown>, env: ReadonlyArray<readonly [string, string]>) =>
+    Effect.flatMap(Client.Client, (client) => client.listApprovals()).pipe(
+      Effect.provide(layer),
+      Effect.withConfigProvider(ConfigProvider.fromMap(new Map(env))),
+      Effect.exit
+    )
+
+  it.effect("layerConfig: REBUNO_URL required, REBUNO_API_KEY optional", () =>
+    Effect.gen(function*() {
+      const double = makeDouble(() => json(200, null))
+      const layer = Client.layerConfig().pipe(Layer.provide(double.layer))
+      expect(Exit.isSuccess(yield* getVia(layer, [["REBUNO_URL", "http://env:1"]]))).toBe(true)
+      expect(double.requests[0]!.url).toBe("http://env:1/v0/approvals")
+      expect("authorization" in double.requests[0]!.headers).toBe(false)
+      expect(Exit.isSuccess(yield* getVia(layer, [["REBUNO_URL", "http://env:1"], ["REBUNO_API_KEY", ""]]))).toBe(
+        true
+      )
+      expect("authorization" in double.requests[1]!.headers).toBe(false)
+      expect(
+        Exit.isSuccess(yield* getVia(layer, [["REBUNO_URL", "http://env:1"], ["REBUNO_API_KEY", API_KEY]]))
+      ).toBe(true)
+      expect(double.requests[2]!.headers["authorization"]).toBe(`Bearer ${API_KEY}`)
+      expect(Exit.isFailure(yield* getVia(layer, []))).toBe(true)
+      expect(double.requests).toHaveLength(3)
+    }))
+
+  it.effect("layer: options, and a bad base URL fails fast", () =>
+    Effect.gen(function*() {
+      const double = makeDouble(() => json(200, null))
+      const ok = Client.layer({ baseUrl: "https://k.example/", apiKey: "k" }).pipe(Layer.provide(double.layer))
+      expect(Exit.isSuccess(yield* getVia(ok, []))).toBe(true)
+      expect(double.requests[0]!.url).toBe("https://k.example/v0/approvals")
+      expect(double.requests[0]!.headers["authorization"]).toBe("Bearer k")
+      const bad = Client.layer({ baseUrl: "" }).pipe(Layer.provide(double.layer))
+      expect(Exit.isFailure(yield* getVia(bad, []))).toBe(true)
+    }))
+})

@@ -1,0 +1,776 @@
+import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
+import { describe, expect, it } from "@effect/vitest"
+import {
+  Chunk,
+  ConfigProvider,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Redacted,
+  TestClock
+} from "effect"
+import * as KernelClient from "../src/KernelClient.js"
+import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
+
+// ---------------------------------------------------------------------------
+// In-memory HttpClient double: records requests, answers from a script.
+// ---------------------------------------------------------------------------
+
+interface Recorded {
+  readonly method: string
+  readonly url: string
+  readonly headers: Readonly<Record<string, string>>
+  /** Request body bytes; `undefined` when the request had no body at all. */
+  readonly body: Uint8Array | undefined
+  readonly text: string | undefined
+}
+
+type Answer = Response | "transport" | "never"
+
+const TRACE_HEADERS = new Set(["traceparent", "b3", "tracestate"])
+
+const makeDouble = (script: (request: Recorded, index: number) => Answer) => {
+  const requests: Array<Recorded> = []
+  const client = HttpClient.make((request, url) =>
+    Effect.suspend(() => {
+      const body = request.body._tag === "Uint8Array" ? request.body.body : undefined
+      const headers: Record<string, string> = {}
+      for (const [k, v] of Object.entries(request.headers)) if (!TRACE_HEADERS.has(k)) headers[k] = v
+      const recorded: Recorded = {
+        method: request.method,
+        url: url.toString(),
+        headers,
+        body,
+        text: body === undefined ? undefined : new TextDecoder().decode(body)
+      }
+      requests.push(recorded)
+      const answer = script(recorded, requests.length - 1)
+      if (answer === "never") return Effect.never
+      if (answer === "transport") {
+        return Effect.fail(
+          new HttpClientError.RequestError({ request, reason: "Transport", cause: new Error("connect ECONNREFUSED") })
+        )
+      }
+      return Effect.succeed(HttpClientResponse.fromWeb(request, answer))
+    })
+  )
+  return { requests, layer: Layer.succeed(HttpClient.HttpClient, client) }
+}
+
+const json = (status: number, body: unknown) =>
+  new Response(JSON.stringify(body) + "\n", {
+    status,
+    headers: { "content-type": "application/json; charset=utf-8" }
+  })
+const noContent = () => new Response(null, { status: 204 })
+const envelope = (status: number, code: string, message: string, extra: Record<string, unknown> = {}) =>
+  json(status, { code, message, ...extra })
+
+const SECRET = "hello-secret"
+const EMPTY_SIGNATURE = "sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703"
+const SUBMIT_SIGNATURE = "sha256=e9476b1512d71f59877d922dcc9669d921be4d0d58ad2b325aba0b0bac1fbe62"
+const EXEC = "0192f1a0-0000-7000-8000-000000000000"
+const DISPATCH = "0192f1a0-0000-7000-8000-0000000000d1"
+const STEP = "cd3f" + "0".repeat(56) + "5c29"
+const caller: KernelClient.Caller = { agentId: "hello", lease: { dispatchId: DISPATCH, attempt: 1 } }
+
+const withClient = <A, E>(
+  script: (request: Recorded, index: number) => Answer,
+  body: (client: KernelClient.KernelClient.Service, requests: ReadonlyArray<Recorded>) => Effect.Effect<A, E>,
+  options: Partial<KernelClient.Options> = {}
+) => {
+  const double = makeDouble(script)
+  return Effect.flatMap(
+    KernelClient.make({ baseUrl: "http://kernel:8080", secret: Redacted.make(SECRET), ...options }),
+    (client) => body(client, double.requests)
+  ).pipe(Effect.provide(double.layer))
+}
+
+/** Lets real promises (Response bodies) settle between virtual-clock steps. */
+const settle = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+
+/** Settles real promises until `done` holds (signing and Response bodies are promise-based). */
+const settleUntil = (done: () => boolean) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 100 && !done(); i++) yield* settle
+  })
+
+/** Runs an effect to completion, moving the TestClock one second whenever it waits on a sleep. */
+const driveClock = <A, E>(effect: Effect.Effect<A, E>) =>
+  Effect.gen(function*() {
+    const fiber = yield* Effect.fork(effect)
+    for (let i = 0; i < 1000; i++) {
+      const done = yield* Fiber.poll(fiber)
+      if (done._tag === "Some") break
+      yield* settle
+      if (Chunk.size(yield* TestClock.sleeps()) > 0) yield* TestClock.adjust("1 second")
+    }
+    return yield* Fiber.await(fiber)
+  })
+
+const leaseHeaders = (signature: string, attempt: string | null = "1", contentLength?: number) => ({
+  "content-type": "application/json",
+  ...(contentLength === undefined ? {} : { "content-length": String(contentLength) }),
+  "rebuno-agent-id": "hello",
+  "rebuno-signature": signature,
+  "rebuno-dispatch-id": DISPATCH,
+  ...(attempt === null ? {} : { "rebuno-dispatch-attempt": attempt })
+})
+
+const failureOf = <A, E>(exit: Exit.Exit<A, E>): E => {
+  if (Exit.isSuccess(exit)) throw new Error("expected a failure")
+  const failure = exit.cause._tag === "Fail" ? exit.cause.error : undefined
+  if (failure === undefined) throw new Error(`expected a Fail cause, got ${exit.cause._tag}`)
+  return failure
+}
+
+describe("KernelClient requests", () => {
+  it.effect("getExecution: GET, signs the empty body, sends no body and no lease headers", () =>
+    withClient(
+      () =>
+        json(200, {
+          id: EXEC,
+          agent_id: "hello",
+          input: { query: "hi" },
+          status: "running",
+          failure_reason: null,
+          created_at: "2026-08-18T19:40:54.1Z",
+          updated_at: "2026-08-18T19:40:54.1Z",
+          unknown_member: 1
+        }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const execution = yield* client.getExecution({ agentId: "hello" }, EXEC)
+          expect(requests).toHaveLength(1)
+          expect(requests[0]!.method).toBe("GET")
+          expect(requests[0]!.url).toBe(`http://kernel:8080/v0/executions/${EXEC}`)
+          expect(requests[0]!.body).toBeUndefined()
+          expect(requests[0]!.headers).toEqual({
+            "content-type": "application/json",
+            "rebuno-agent-id": "hello",
+            "rebuno-signature": EMPTY_SIGNATURE
+          })
+          expect(execution.id).toBe(EXEC)
+          expect(execution.agentId).toBe("hello")
+          expect(execution.input).toEqual({ query: "hi" })
+          expect(execution.status).toBe("running")
+          expect(execution.failureReason).toBe("")
+          expect(execution.agentVersion).toBe("")
+          expect("output" in execution).toBe(false)
+        })
+    ))
+
+  it.effect("submitStep: exact body bytes, body signature and lease headers", () =>
+    withClient(
+      () => json(200, { decision: "proceed", step_id: STEP, rule_id: "r1" }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const decision = yield* client.submitStep(caller, EXEC, {
+            kind: "tool_call",
+            target: "web_search",
+            argsJson: "{\"query\":\"hello\"}",
+            idempotency: "safe_to_retry"
+          })
+          expect(decision).toEqual({ decision: "proceed", stepId: STEP })
+          const request = requests[0]!
+          expect(request.method).toBe("POST")
+          expect(request.url).toBe(`http://kernel:8080/v0/executions/${EXEC}/steps`)
+          expect(request.text).toBe(
+            "{\"kind\":\"tool_call\",\"target\":\"web_search\",\"args\":{\"query\":\"hello\"},\"idempotency\":\"safe_to_retry\"}"
+          )
+          expect(request.headers).toEqual(leaseHeaders(SUBMIT_SIGNATURE, "1", request.body!.length))
+        })
+    ))
+
+  it.effect("no Rebuno-Dispatch-Attempt header when the attempt is unknown (v0.14.0)", () =>
+    withClient(
+      () => json(200, { decision: "proceed", step_id: STEP }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.submitStep({ agentId: "hello", lease: { dispatchId: DISPATCH, attempt: undefined } }, EXEC, {
+            kind: "tool_call",
+            target: "web_search",
+            argsJson: "{\"query\":\"hello\"}",
+            idempotency: "safe_to_retry"
+          })
+          expect(requests[0]!.headers).toEqual(leaseHeaders(SUBMIT_SIGNATURE, null, 97))
+          expect("rebuno-dispatch-attempt" in requests[0]!.headers).toBe(false)
+        })
+    ))
+
+  it.effect("heartbeat: zero-length body signed as empty, plain decimal attempt", () =>
+    withClient(
+      () => noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.heartbeat({ agentId: "hello", lease: { dispatchId: DISPATCH, attempt: 12 } }, EXEC)
+          const request = requests[0]!
+          expect(request.method).toBe("POST")
+          expect(request.url).toBe(`http://kernel:8080/v0/executions/${EXEC}/heartbeat`)
+          expect(request.body).toBeInstanceOf(Uint8Array)
+          expect(request.body!.length).toBe(0)
+          expect(request.headers).toEqual(leaseHeaders(EMPTY_SIGNATURE, "12"))
+        })
+    ))
+
+  it.effect("bodies of complete/fail step, delta, complete/fail execution", () =>
+    withClient(
+      (request) =>
+        request.url.endsWith("/complete") && request.url.includes("/steps/")
+          ? json(200, { decision: "recorded" })
+          : request.url.endsWith("/fail") && request.url.includes("/steps/")
+          ? json(200, { decision: "replay", error: { message: "old" } })
+          : noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const completed = yield* client.completeStep(caller, EXEC, STEP, "{\"hits\":3}")
+          const failed = yield* client.failStep(caller, EXEC, STEP, "boom \"quoted\" <tag>")
+          yield* client.publishDelta(caller, EXEC, STEP, 3, "partial\ntext")
+          yield* client.completeExecution(caller, EXEC, undefined)
+          yield* client.completeExecution(caller, EXEC, "{\"answer\":42}")
+          yield* client.failExecution(caller, EXEC, "handler crashed")
+          expect(completed).toEqual({ decision: "recorded" })
+          expect(failed).toEqual({ decision: "replay", error: { message: "old" } })
+          expect(requests.map((r) => [r.url.replace(`http://kernel:8080/v0/executions/${EXEC}`, ""), r.text]))
+            .toEqual([
+              [`/steps/${STEP}/complete`, "{\"result\":{\"hits\":3}}"],
+              [`/steps/${STEP}/fail`, "{\"error\":{\"message\":\"boom \\\"quoted\\\" <tag>\"}}"],
+              [`/steps/${STEP}/stream`, "{\"seq\":3,\"data\":\"partial\\ntext\"}"],
+              ["/complete", "{}"],
+              ["/complete", "{\"output\":{\"answer\":42}}"],
+              ["/fail", "{\"error\":\"handler crashed\"}"]
+            ])
+          for (const request of requests) {
+            expect(request.method).toBe("POST")
+            expect(request.headers["rebuno-dispatch-id"]).toBe(DISPATCH)
+            expect(request.headers["rebuno-dispatch-attempt"]).toBe("1")
+            expect(request.headers["content-type"]).toBe("application/json")
+            expect(request.headers["rebuno-signature"]).toMatch(/^sha256=[0-9a-f]{64}$/)
+          }
+        })
+    ))
+
+  it.effect("a decision answer is returned as is, even execution_terminal", () =>
+    withClient(
+      () => json(200, { decision: "execution_terminal" }),
+      (client) =>
+        Effect.gen(function*() {
+          expect(yield* client.completeStep(caller, EXEC, STEP, "null")).toEqual({ decision: "execution_terminal" })
+        })
+    ))
+
+  it.effect("base URL: trailing slashes stripped, path prefix kept", () =>
+    withClient(
+      () => noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.heartbeat(caller, EXEC)
+          expect(requests[0]!.url).toBe(`http://kernel:8080/rebuno/api/v0/executions/${EXEC}/heartbeat`)
+        }),
+      { baseUrl: "http://kernel:8080/rebuno/api///" }
+    ))
+
+  it.effect("the service exposes the secret only as a Redacted value", () =>
+    withClient(
+      () => noContent(),
+      (client) =>
+        Effect.sync(() => {
+          expect(Redacted.isRedacted(client.secret)).toBe(true)
+          expect(String(client.secret)).not.toContain(SECRET)
+          expect(Redacted.value(client.secret)).toBe(SECRET)
+        }),
+      { secret: SECRET }
+    ))
+})
+
+describe("KernelClient error mapping (PROTOCOL.md 13.3)", () => {
+  const submission: KernelClient.StepSubmission = {
+    kind: "tool_call",
+    target: "t",
+    argsJson: "{}",
+    idempotency: "safe_to_retry"
+  }
+  const submitAnswering = (answer: () => Response) =>
+    withClient(answer, (client) => Effect.exit(client.submitStep(caller, EXEC, submission)))
+
+  it.effect("409 lease_superseded → LeaseSuperseded", () =>
+    Effect.gen(function*() {
+      const error = failureOf(
+        yield* submitAnswering(() => envelope(409, "lease_superseded", "dispatch lease superseded"))
+      )
+      expect(error).toBeInstanceOf(LeaseSuperseded)
+    }))
+
+  it.effect("409 execution_terminal → Terminated", () =>
+    Effect.gen(function*() {
+      const error = failureOf(yield* submitAnswering(() => envelope(409, "execution_terminal", "execution terminal")))
+      expect(error).toBeInstanceOf(Terminated)
+    }))
+
+  it.effect("policy_denied → PolicyError with the message and rule id", () =>
+    Effect.gen(function*() {
+      const error = failureOf(
+        yield* submitAnswering(() => envelope(403, "policy_denied", "no emails", { rule_id: "block-email" }))
+      )
+      expect(error).toBeInstanceOf(PolicyError)
+      expect(error).toMatchObject({ reason: "no emails", ruleId: "block-email" })
+    }))
+
+  it.effect("policy_denied without a message → \"denied by policy\"", () =>
+    Effect.gen(function*() {
+      const error = failureOf(yield* submitAnswering(() => envelope(403, "policy_denied", "")))
+      expect(error).toMatchObject({ _tag: "PolicyError", reason: "denied by policy" })
+    }))
+
+  it.effect.each([
+    [400, "validation_error", "validation error: bad or missing Rebuno-Dispatch-Attempt"],
+    [401, "unauthorized", "unauthorized"],
+    [403, "forbidden", "forbidden"],
+    [404, "not_found", "not found"],
+    [409, "conflict", "conflict"],
+    [418, "teapot", "short and stout"]
+  ] as const)("%s %s → KernelError Status with code and status", ([status, code, message]) =>
+    Effect.gen(function*() {
+      const error = failureOf(yield* submitAnswering(() => envelope(status, code, message)))
+      expect(error).toBeInstanceOf(KernelError)
+      expect(error).toMatchObject({ reason: "Status", status, code, description: message })
+      expect(KernelClient.isTransportFailure(error)).toBe(false)
+    }))
+
+  it.effect("non-JSON error body → internal_error with the body text", () =>
+    Effect.gen(function*() {
+      const error = failureOf(
+        yield* submitAnswering(() =>
+          new Response("404 page not found\n", { status: 404, headers: { "content-type": "text/plain" } })
+        )
+      )
+      expect(error).toMatchObject({
+        _tag: "KernelError",
+        reason: "Status",
+        status: 404,
+        code: "internal_error",
+        description: "404 page not found"
+      })
+    }))
+
+  it.effect("empty error body → internal_error \"request failed\"", () =>
+    Effect.gen(function*() {
+      const error = failureOf(yield* submitAnswering(() => new Response(null, { status: 405 })))
+      expect(error).toMatchObject({ status: 405, code: "internal_error", description: "request failed" })
+    }))
+
+  it.effect("JSON error body without code → internal_error with the body text", () =>
+    Effect.gen(function*() {
+      const error = failureOf(yield* submitAnswering(() => json(400, { message: "nope" })))
+      expect(error).toMatchObject({ status: 400, code: "internal_error", description: "{\"message\":\"nope\"}" })
+    }))
+
+  it.effect("redirects are not followed: a 3xx is an error after exactly one request", () =>
+    withClient(
+      () => new Response(null, { status: 307, headers: { location: "http://elsewhere/" } }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.completeStep(caller, EXEC, STEP, "1")))
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Status", status: 307 })
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("execution_terminal on heartbeat is a plain Status error; lease_superseded is LeaseSuperseded", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? envelope(409, "execution_terminal", "execution terminal")
+          : envelope(409, "lease_superseded", "dispatch lease superseded"),
+      (client) =>
+        Effect.gen(function*() {
+          const first = failureOf(yield* Effect.exit(client.heartbeat(caller, EXEC)))
+          expect(first).toMatchObject({ _tag: "KernelError", status: 409, code: "execution_terminal" })
+          const second = failureOf(yield* Effect.exit(client.heartbeat(caller, EXEC)))
+          expect(second).toBeInstanceOf(LeaseSuperseded)
+        })
+    ))
+
+  it.effect("complete/fail step: execution_terminal envelope → Terminated, lease_superseded → LeaseSuperseded", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? envelope(409, "execution_terminal", "execution terminal")
+          : envelope(409, "lease_superseded", "dispatch lease superseded"),
+      (client) =>
+        Effect.gen(function*() {
+          expect(failureOf(yield* Effect.exit(client.completeStep(caller, EXEC, STEP, "1")))).toBeInstanceOf(
+            Terminated
+          )
+          expect(failureOf(yield* Effect.exit(client.failStep(caller, EXEC, STEP, "x")))).toBeInstanceOf(
+            LeaseSuperseded
+          )
+        })
+    ))
+
+  it.effect("undecodable success answers → KernelError Decode", () =>
+    withClient(
+      (_, index) => (index === 0 ? new Response("not json", { status: 200 }) : json(200, { nope: true })),
+      (client) =>
+        Effect.gen(function*() {
+          const first = failureOf(yield* Effect.exit(client.submitStep(caller, EXEC, submission)))
+          expect(first).toMatchObject({ _tag: "KernelError", reason: "Decode", status: 200 })
+          const second = failureOf(yield* Effect.exit(client.submitStep(caller, EXEC, submission)))
+          expect(second).toMatchObject({ _tag: "KernelError", reason: "Decode" })
+        })
+    ))
+
+  it.effect("the secret never appears in an error's message, toString or JSON", () =>
+    withClient(
+      (_, index) => (index === 0 ? "transport" : envelope(401, "unauthorized", "unauthorized")),
+      (client) =>
+        Effect.gen(function*() {
+          const errors = [
+            failureOf(yield* Effect.exit(client.submitStep(caller, EXEC, submission))),
+            failureOf(yield* Effect.exit(client.submitStep(caller, EXEC, submission)))
+          ]
+          for (const error of errors) {
+            expect(error.message).not.toContain(SECRET)
+            expect(String(error)).not.toContain(SECRET)
+            expect(JSON.stringify(error)).not.toContain(SECRET)
+            expect(JSON.stringify(error.toJSON())).not.toContain(SECRET)
+          }
+        })
+    ))
+})
+
+describe("KernelClient retries (PROTOCOL.md 15.1)", () => {
+  const submission: KernelClient.StepSubmission = {
+    kind: "tool_call",
+    target: "t",
+    argsJson: "{}",
+    idempotency: "at_most_once"
+  }
+
+  it.effect("completeStep is retried after a 503 and then succeeds", () =>
+    withClient(
+      (_, index) => (index === 0 ? envelope(503, "internal_error", "unavailable") : json(200, { decision: "recorded" })),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.completeStep(caller, EXEC, STEP, "1"))
+          expect(exit).toEqual(Exit.succeed({ decision: "recorded" }))
+          expect(requests).toHaveLength(2)
+          expect(requests[1]!.text).toBe(requests[0]!.text)
+          expect(requests[1]!.headers).toEqual(requests[0]!.headers)
+        })
+    ))
+
+  it.effect("completeStep gives up after four tries with backoff on Effect's clock", () =>
+    withClient(
+      () => "transport",
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fiber = yield* Effect.fork(client.failStep(caller, EXEC, STEP, "x"))
+          yield* settleUntil(() => requests.length === 1)
+          expect(requests).toHaveLength(1)
+          yield* TestClock.adjust("99 millis")
+          yield* settle
+          expect(requests).toHaveLength(1)
+          yield* TestClock.adjust("1 millis")
+          yield* settleUntil(() => requests.length === 2)
+          expect(requests).toHaveLength(2)
+          yield* TestClock.adjust("200 millis")
+          yield* settleUntil(() => requests.length === 3)
+          expect(requests).toHaveLength(3)
+          yield* TestClock.adjust("400 millis")
+          yield* settleUntil(() => requests.length === 4)
+          const error = failureOf(yield* Fiber.await(fiber))
+          expect(requests).toHaveLength(4)
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          expect(KernelClient.isTransportFailure(error)).toBe(true)
+        })
+    ))
+
+  it.effect("getExecution is retried on transport failures", () =>
+    withClient(
+      (_, index) => (index < 2 ? "transport" : json(200, { id: EXEC, status: "running", input: null })),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.getExecution(caller, EXEC))
+          expect(Exit.isSuccess(exit)).toBe(true)
+          expect(requests).toHaveLength(3)
+        })
+    ))
+
+  it.effect("4xx answers are not retried", () =>
+    withClient(
+      () => envelope(404, "not_found", "not found"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.completeStep(caller, EXEC, STEP, "1"))
+          expect(failureOf(exit)).toMatchObject({ status: 404, code: "not_found" })
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("submitStep is never retried after a 503: exactly one request", () =>
+    withClient(
+      () => envelope(503, "internal_error", "unavailable"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.submitStep(caller, EXEC, submission))
+          const error = failureOf(exit)
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Status", status: 503 })
+          expect(KernelClient.isTransportFailure(error)).toBe(true)
+          yield* TestClock.adjust("1 minute")
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("submitStep is never retried after a transport failure: exactly one request", () =>
+    withClient(
+      () => "transport",
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.submitStep(caller, EXEC, submission))
+          const error = failureOf(exit)
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          expect((error as KernelError).description).toContain("ECONNREFUSED")
+          yield* TestClock.adjust("1 minute")
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("heartbeat is not retried", () =>
+    withClient(
+      () => envelope(503, "internal_error", "unavailable"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const exit = yield* driveClock(client.heartbeat(caller, EXEC))
+          expect(failureOf(exit)).toMatchObject({ status: 503 })
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("publishDelta swallows every error and is not retried", () =>
+    withClient(
+      (_, index) => (index === 0 ? "transport" : envelope(400, "validation_error", "validation error")),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* driveClock(client.publishDelta(caller, EXEC, STEP, 0, "a"))).toEqual(Exit.void)
+          expect(yield* driveClock(client.publishDelta(caller, EXEC, STEP, 1, "b"))).toEqual(Exit.void)
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("completeExecution: 409 execution_terminal counts as success", () =>
+    withClient(
+      () => envelope(409, "execution_terminal", "execution terminal"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.completeExecution(caller, EXEC, "1")
+          yield* client.failExecution(caller, EXEC, "x")
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("completeExecution: retried after a lost answer, then 409 execution_terminal = success", () =>
+    withClient(
+      (_, index) => (index === 0 ? "transport" : envelope(409, "execution_terminal", "execution terminal")),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* driveClock(client.completeExecution(caller, EXEC, "{\"ok\":true}"))).toEqual(Exit.void)
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("completeExecution: lease_superseded is LeaseSuperseded", () =>
+    withClient(
+      () => envelope(409, "lease_superseded", "dispatch lease superseded"),
+      (client) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.completeExecution(caller, EXEC, undefined)))
+          expect(error).toBeInstanceOf(LeaseSuperseded)
+        })
+    ))
+})
+
+describe("KernelClient timeouts", () => {
+  it.effect("a request that never answers fails with a Transport error after 35 s", () =>
+    withClient(
+      () => "never",
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fiber = yield* Effect.fork(client.heartbeat(caller, EXEC))
+          yield* settleUntil(() => requests.length === 1)
+          yield* TestClock.adjust("34999 millis")
+          yield* settle
+          expect(yield* Fiber.poll(fiber)).toMatchObject({ _tag: "None" })
+          yield* TestClock.adjust("1 millis")
+          const error = failureOf(yield* Fiber.await(fiber))
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          expect((error as KernelError).description).toContain("timed out")
+          expect(KernelClient.isTransportFailure(error)).toBe(true)
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("the timeout is configurable, and a timed-out submit is not retried", () =>
+    withClient(
+      () => "never",
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fiber = yield* Effect.fork(
+            client.submitStep(caller, EXEC, { kind: "local", target: "x", argsJson: "null", idempotency: "safe_to_retry" })
+          )
+          yield* settleUntil(() => requests.length === 1)
+          yield* TestClock.adjust("2 seconds")
+          const error = failureOf(yield* Fiber.await(fiber))
+          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          yield* TestClock.adjust("1 minute")
+          expect(requests).toHaveLength(1)
+        }),
+      { timeout: "2 seconds" }
+    ))
+})
+
+describe("KernelClient v1 signatures (PROTOCOL.md 17.B)", () => {
+  const v1Lease: KernelClient.Caller = {
+    agentId: "hello",
+    lease: { dispatchId: "01920000-0000-7000-8000-000000000001", attempt: 3 }
+  }
+  const v1 = { secret: "test-secret", signing: "v1" as const }
+
+  it.effect("empty read: GET with a v1 signature and timestamp", () =>
+    withClient(
+      () => json(200, { id: "alpha", status: "running", input: null }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          yield* client.getExecution({ agentId: "hello" }, "alpha")
+          expect(requests[0]!.headers).toEqual({
+            "content-type": "application/json",
+            "rebuno-agent-id": "hello",
+            "rebuno-timestamp": "1700000000",
+            "rebuno-signature": "v1=d0f262ef4226bcdf886ec35a7ce4cf77286055b563078faca8b307caa8ca5839"
+          })
+        }),
+      v1
+    ))
+
+  it.effect("heartbeat vector", () =>
+    withClient(
+      () => noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          yield* client.heartbeat(v1Lease, "alpha")
+          expect(requests[0]!.headers["rebuno-signature"]).toBe(
+            "v1=63a3e161395bd65728afa785799ddb9e52c01f8e0a61d1d6a4089f582d334b0e"
+          )
+          expect(requests[0]!.headers["rebuno-dispatch-attempt"]).toBe("3")
+        }),
+      v1
+    ))
+
+  it.effect("submit vector", () =>
+    withClient(
+      () => json(200, { decision: "proceed", step_id: STEP }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          yield* client.submitStep(v1Lease, "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b", {
+            kind: "tool_call",
+            target: "send_email",
+            argsJson: "{\"to\":\"ops@example.com\"}",
+            idempotency: "safe_to_retry"
+          })
+          expect(requests[0]!.headers["rebuno-signature"]).toBe(
+            "v1=017dff4039ba40e90d3d8d566fdf51db427672f92d45ef41b738672238ea0058"
+          )
+        }),
+      v1
+    ))
+
+  it.effect("the target includes the base-URL path prefix; each retry gets a fresh timestamp", () =>
+    withClient(
+      (_, index) => (index === 0 ? "transport" : json(200, { decision: "recorded" })),
+      (client, requests) =>
+        Effect.gen(function*() {
+          // The retry waits 100 ms and so crosses into the next second.
+          yield* TestClock.setTime(1_700_000_000_900)
+          yield* driveClock(client.completeStep(v1Lease, "alpha", STEP, "1"))
+          expect(requests).toHaveLength(2)
+          expect(requests[0]!.url).toBe(`http://kernel:8080/prefix/v0/executions/alpha/steps/${STEP}/complete`)
+          expect(requests[0]!.headers["rebuno-timestamp"]).toBe("1700000000")
+          expect(requests[1]!.headers["rebuno-timestamp"]).toBe("1700000001")
+          expect(requests[1]!.headers["rebuno-signature"]).not.toBe(requests[0]!.headers["rebuno-signature"])
+        }),
+      { ...v1, baseUrl: "http://kernel:8080/prefix/" }
+    ))
+})
+
+describe("KernelClient layers", () => {
+  const double = makeDouble(() => noContent())
+  const heartbeat = Effect.flatMap(KernelClient.KernelClient, (client) => client.heartbeat(caller, EXEC))
+
+  it.effect("layerConfig reads REBUNO_URL and REBUNO_AGENT_SECRET", () =>
+    Effect.gen(function*() {
+      yield* heartbeat.pipe(
+        Effect.provide(KernelClient.layerConfig().pipe(Layer.provide(double.layer))),
+        Effect.withConfigProvider(
+          ConfigProvider.fromMap(new Map([["REBUNO_URL", "http://env-kernel:9000/"], ["REBUNO_AGENT_SECRET", SECRET]]))
+        )
+      )
+      const request = double.requests[double.requests.length - 1]!
+      expect(request.url).toBe(`http://env-kernel:9000/v0/executions/${EXEC}/heartbeat`)
+      expect(request.headers["rebuno-signature"]).toBe(EMPTY_SIGNATURE)
+    }))
+
+  it.effect("options win over the environment", () =>
+    Effect.gen(function*() {
+      yield* heartbeat.pipe(
+        Effect.provide(
+          KernelClient.layerConfig({ baseUrl: "http://option-kernel" }).pipe(Layer.provide(double.layer))
+        ),
+        Effect.withConfigProvider(
+          ConfigProvider.fromMap(new Map([["REBUNO_URL", "http://env-kernel:9000"], ["REBUNO_AGENT_SECRET", SECRET]]))
+        )
+      )
+      expect(double.requests[double.requests.length - 1]!.url).toBe(
+        `http://option-kernel/v0/executions/${EXEC}/heartbeat`
+      )
+    }))
+
+  it.effect.each([
+    ["missing secret", [["REBUNO_URL", "http://k"]]],
+    ["empty secret", [["REBUNO_URL", "http://k"], ["REBUNO_AGENT_SECRET", ""]]],
+    ["missing URL", [["REBUNO_AGENT_SECRET", SECRET]]],
+    ["empty URL", [["REBUNO_URL", ""], ["REBUNO_AGENT_SECRET", SECRET]]]
+  ] as const)("layerConfig fails fast: %s", ([, env]) =>
+    Effect.gen(function*() {
+      const exit = yield* heartbeat.pipe(
+        Effect.provide(KernelClient.layerConfig().pipe(Layer.provide(double.layer))),
+        Effect.withConfigProvider(ConfigProvider.fromMap(new Map(env))),
+        Effect.exit
+      )
+      const error = failureOf(exit)
+      expect(error).toMatchObject({ _op: expect.any(String) })
+      expect(JSON.stringify(error)).not.toContain(SECRET)
+    }))
+
+  it.effect("layer rejects an empty secret and a bad base URL", () =>
+    Effect.gen(function*() {
+      for (const options of [
+        { baseUrl: "http://k", secret: "" },
+        { baseUrl: "http://k", secret: Redacted.make("") },
+        { baseUrl: "not a url", secret: SECRET },
+        { baseUrl: "ftp://k", secret: SECRET },
+        { baseUrl: "   ", secret: SECRET }
+      ]) {
+        const exit = yield* heartbeat.pipe(
+          Effect.provide(KernelClient.layer(options).pipe(Layer.provide(double.layer))),
+          Effect.exit
+        )
+        expect(Exit.isFailure(exit)).toBe(true)
+        expect(Either.isLeft(Either.left(failureOf(exit)))).toBe(true)
+      }
+    }))
+})
