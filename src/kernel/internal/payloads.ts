@@ -1,0 +1,118 @@
+/**
+ * Event payload builders for the kernel core (PROTOCOL 12.2). Every payload is
+ * JSON text with its keys in alphabetical order and optional keys omitted when
+ * empty; the builders write the members in sorted order directly instead of
+ * sorting at run time. Ids (UUIDs, hex step ids) never need escaping; free text
+ * goes through Go-compatible quoting, embedded raw JSON is inserted as stored
+ * (already compacted).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import { quoteString } from "../../internal/json.js"
+
+const id = (s: string): string => "\"" + s + "\""
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export const executionPayload = (
+  executionId: string,
+  status: string,
+  options?: {
+    readonly deadlineAt?: string | undefined
+    readonly output?: string | undefined
+    readonly reason?: string | undefined
+  }
+): string => {
+  let out = "{"
+  if (options?.deadlineAt !== undefined) out += "\"deadline_at\":" + quoteString(options.deadlineAt) + ","
+  out += "\"execution_id\":" + id(executionId)
+  if (options?.output !== undefined) out += ",\"output\":" + options.output
+  if (options?.reason !== undefined && options.reason !== "") out += ",\"reason\":" + quoteString(options.reason)
+  return out + ",\"status\":" + quoteString(status) + "}"
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export const stepPayload = (
+  stepId: string,
+  kind: string,
+  target: string,
+  options?: {
+    readonly error?: string | undefined
+    readonly ruleId?: string | undefined
+    readonly omitEmptyTarget?: boolean | undefined
+  }
+): string => {
+  let out = "{"
+  if (options?.error !== undefined) out += "\"error\":" + options.error + ","
+  if (options?.ruleId !== undefined && options.ruleId !== "") out += "\"rule_id\":" + quoteString(options.ruleId) + ","
+  out += "\"step_id\":" + id(stepId) + ",\"step_type\":" + quoteString(kind)
+  if (!(options?.omitEmptyTarget === true && target === "")) out += ",\"target\":" + quoteString(target)
+  return out + "}"
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export const approvalPayload = (
+  approvalId: string,
+  executionId: string,
+  stepId: string,
+  status: string,
+  options?: {
+    readonly decidedBy?: string | undefined
+    readonly rationale?: string | undefined
+    /** `approval.expired` always carries `rationale`. */
+    readonly keepRationale?: boolean | undefined
+  }
+): string => {
+  let out = "{\"approval_id\":" + id(approvalId)
+  if (options?.decidedBy !== undefined && options.decidedBy !== "") {
+    out += ",\"decided_by\":" + quoteString(options.decidedBy)
+  }
+  out += ",\"execution_id\":" + id(executionId)
+  if (options?.rationale !== undefined && (options.rationale !== "" || options.keepRationale === true)) {
+    out += ",\"rationale\":" + quoteString(options.rationale)
+  }
+  return out + ",\"status\":" + quoteString(status) + ",\"step_id\":" + id(stepId) + "}"
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export const dispatchPayload = (attempt: number, dispatchId: string, executionId: string, status: string): string =>
+  "{\"attempt\":" + attempt + ",\"dispatch_id\":" + id(dispatchId) + ",\"execution_id\":" + id(executionId) +
+  ",\"status\":" + quoteString(status) + "}"
+
+/**
+ * `{"reason":…,"rule_id":…}` — the stored error of a policy denial (7.5).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const denialError = (reason: string, ruleId: string): string =>
+  "{\"reason\":" + quoteString(reason) + ",\"rule_id\":" + quoteString(ruleId) + "}"
+
+/**
+ * `{"reason":…}` — the stored error of a human denial, expiry or cancel.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const reasonError = (reason: string): string => "{\"reason\":" + quoteString(reason) + "}"
+
+/**
+ * The stored error of an orphaned `at_most_once` step (7.4).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const indeterminateError =
+  "{\"message\":\"outcome unknown: this may already have taken effect. Check the state before continuing.\",\"reason\":\"indeterminate\"}"
