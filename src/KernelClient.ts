@@ -115,6 +115,16 @@ export declare namespace KernelClient {
       stepId: string,
       message: string
     ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
+    /**
+     * `POST …/steps/{step_id}/fail` with `{"error":<errorJson>}` (retried). `errorJson`
+     * is the JSON text of an object with a `message` (typed failures add members).
+     */
+    readonly failStepJson: (
+      caller: Caller,
+      executionId: string,
+      stepId: string,
+      errorJson: string
+    ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
     /** `POST …/steps/{step_id}/stream` — best effort, never fails, never retried. */
     readonly publishDelta: (
       caller: Caller,
@@ -342,6 +352,19 @@ export const make = (
     const executionPath = (executionId: string) => "/v0/executions/" + executionId
     const stepPath = (executionId: string, stepId: string) => "/v0/executions/" + executionId + "/steps/" + stepId
 
+    const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
+      Effect.suspend(() =>
+        exchange(
+          "POST",
+          stepPath(executionId, stepId) + "/fail",
+          caller.agentId,
+          caller.lease,
+          encoder.encode("{\"error\":" + errorJson + "}"),
+          decodeDecision,
+          fail(stepFailure)
+        ).pipe(Http.retryTransport)
+      ).pipe(span("failStep", executionId, stepId))
+
     const service: KernelClient.Service = {
       secret,
       getExecution: (caller, executionId) =>
@@ -385,17 +408,8 @@ export const make = (
           ).pipe(Http.retryTransport)
         ).pipe(span("completeStep", executionId, stepId)),
       failStep: (caller, executionId, stepId, message) =>
-        Effect.suspend(() =>
-          exchange(
-            "POST",
-            stepPath(executionId, stepId) + "/fail",
-            caller.agentId,
-            caller.lease,
-            encoder.encode("{\"error\":{\"message\":" + JSON.stringify(message) + "}}"),
-            decodeDecision,
-            fail(stepFailure)
-          ).pipe(Http.retryTransport)
-        ).pipe(span("failStep", executionId, stepId)),
+        failStepJson(caller, executionId, stepId, "{\"message\":" + JSON.stringify(message) + "}"),
+      failStepJson,
       publishDelta: (caller, executionId, stepId, seq, data) =>
         Effect.suspend(() =>
           exchange(

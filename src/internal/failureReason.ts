@@ -1,0 +1,119 @@
+/**
+ * Pure helpers for classifying errors at the edge of a run: the exact
+ * `failureReason` strings of PROTOCOL.md 14.5, the message text recorded for a
+ * failed step, and the refusal decoder of 14.7 (`rebuno_refusal: …` markers
+ * carried by provider errors).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import { PolicyError, RateLimited, ToolError } from "../RebunoError.js"
+import * as llmRefusal from "./llmRefusal.js"
+
+const TOKEN = /^[a-z0-9_]+$/
+
+/**
+ * A readable message for any thrown or failed value: an `Error`'s message, a
+ * string as is, an object's `message` member, otherwise its JSON text.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const messageOf = (u: unknown): string => {
+  if (u instanceof Error) return u.message
+  if (typeof u === "string") return u
+  if (typeof u === "object" && u !== null) {
+    const message = (u as { readonly message?: unknown }).message
+    if (typeof message === "string") return message
+  }
+  return safeJson(u)
+}
+
+/**
+ * The error class name used in `agent_error: <Name>: <message>`: the `_tag` of
+ * a tagged error, an `Error`'s `name`, otherwise `"Error"`.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const nameOf = (u: unknown): string => {
+  if (typeof u === "object" && u !== null) {
+    const tag = (u as { readonly _tag?: unknown })._tag
+    if (typeof tag === "string" && tag !== "") return tag
+  }
+  if (u instanceof Error && u.name !== "") return u.name
+  return "Error"
+}
+
+const safeJson = (u: unknown): string => {
+  try {
+    const text = JSON.stringify(u)
+    return text === undefined ? String(u) : text
+  } catch {
+    return String(u)
+  }
+}
+
+/**
+ * The exact string posted as `error` to `POST /v0/executions/{id}/fail`
+ * (PROTOCOL.md 14.5).
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const failureReason = (error: unknown): string => {
+  if (error instanceof PolicyError) {
+    return TOKEN.test(error.message) ? error.message : `policy_denied: ${error.message}`
+  }
+  if (error instanceof RateLimited) return error.reason
+  if (error instanceof ToolError) return `tool_error: ${error.message}`
+  return `agent_error: ${nameOf(error)}: ${messageOf(error)}`
+}
+
+/**
+ * The failure reason for an input that does not match the agent's input schema.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const inputInvalid = (messages: ReadonlyArray<string>): string => `input_invalid: ${messages.join("; ")}`
+
+/**
+ * The text of a recorded step error on replay (PROTOCOL.md 14.4):
+ * `error.message ?? error.reason ?? JSON.stringify(error)`.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const describeRecordedError = (error: unknown): string => {
+  if (typeof error === "object" && error !== null) {
+    const o = error as { readonly message?: unknown; readonly reason?: unknown }
+    if (o.message !== undefined && o.message !== null) return typeof o.message === "string" ? o.message : safeJson(o.message)
+    if (o.reason !== undefined && o.reason !== null) return typeof o.reason === "string" ? o.reason : safeJson(o.reason)
+  }
+  return safeJson(error)
+}
+
+/**
+ * What a refusal marker turns into.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export type Refusal = llmRefusal.Refusal
+
+/**
+ * The refusal decoder of PROTOCOL.md 14.7 (shared with the LLM wrapper, which
+ * also recognises the refusal responses it produced itself).
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const decodeRefusal: (error: unknown) => Refusal | undefined = llmRefusal.decodeRefusal
