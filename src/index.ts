@@ -1,0 +1,78 @@
+/**
+ * effect-rebuno: durable AI agents as Effect programs on the Rebuno kernel.
+ *
+ * Every tool call, LLM call and local non-determinism becomes a durable step
+ * that the kernel records, replays after a crash or an approval, and governs by
+ * policy. Modules are namespaces: `Agent`, `Step`, `Tool`, `Llm`, `Client`,
+ * `KernelClient`, `Execution`, `Protocol`, `Signature`, `StepId`; the error
+ * classes are exported by name.
+ *
+ * @since 0.1.0
+ */
+
+/**
+ * @since 0.1.0
+ */
+export * as Agent from "./Agent.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Client from "./Client.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Execution from "./Execution.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as KernelClient from "./KernelClient.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Protocol from "./Protocol.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as RebunoError from "./RebunoError.js"
+
+/**
+ * @since 0.1.0
+ */
+export {
+  Abandoned,
+  Blocked,
+  InvalidArguments,
+  KernelError,
+  LeaseSuperseded,
+  PolicyError,
+  RateLimited,
+  SignatureError,
+  StepDecodeError,
+  Terminated,
+  ToolError
+} from "./RebunoError.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Signature from "./Signature.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Step from "./Step.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as StepId from "./StepId.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as Tool from "./Tool.js"

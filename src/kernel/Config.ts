@@ -1,0 +1,142 @@
+/**
+ * Settings of the embedded kernel read with Effect's `Config`: the reference
+ * kernel's `REBUNO_*` environment variables (PROTOCOL 16.1) with Go-syntax
+ * durations, plus the dev kernel's optional bearer token. The CLI layers its
+ * flags over these; programs embedding the kernel can read them with a custom
+ * `ConfigProvider`.
+ *
+ * @since 0.1.0
+ */
+import * as Config from "effect/Config"
+import * as ConfigError from "effect/ConfigError"
+import * as Either from "effect/Either"
+import * as Option from "effect/Option"
+import * as Redacted from "effect/Redacted"
+import { parseMillis } from "./internal/duration.js"
+
+/**
+ * A parsed listen address (`host:port`, `:port`, `[v6]:port`). `host` is
+ * `undefined` when the address names no host (listen on every interface).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ListenAddress {
+  readonly host: string | undefined
+  readonly port: number
+}
+
+/**
+ * Everything the CLI and `start` need to run a kernel.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface KernelConfig {
+  readonly listen: Option.Option<ListenAddress>
+  readonly maxAttempts: number
+  readonly dispatchTimeoutMs: number
+  readonly concurrency: number
+  readonly leaseTimeoutMs: number
+  readonly approvalTimeoutMs: number
+  readonly deadlineMs: number | undefined
+  readonly deadlineCheckIntervalMs: number
+  readonly apiToken: Option.Option<Redacted.Redacted<string>>
+}
+
+/**
+ * Defaults of PROTOCOL 16.1 / Appendix A.
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaults = {
+  port: 8080,
+  host: "127.0.0.1",
+  maxAttempts: 5,
+  dispatchTimeoutMs: 30_000,
+  concurrency: 8,
+  leaseTimeoutMs: 120_000,
+  approvalTimeoutMs: 900_000,
+  deadlineCheckIntervalMs: 30_000
+} as const
+
+/**
+ * Parses `host:port` the way Go's `net.SplitHostPort` does (IPv6 in brackets).
+ *
+ * @since 0.1.0
+ * @category parsing
+ */
+export const parseListenAddress = (s: string): ListenAddress | undefined => {
+  const colon = s.lastIndexOf(":")
+  if (colon < 0) return undefined
+  let host = s.slice(0, colon)
+  const portText = s.slice(colon + 1)
+  if (!/^\d{1,5}$/.test(portText)) return undefined
+  const port = Number(portText)
+  if (port > 65535) return undefined
+  if (host.startsWith("[")) {
+    if (!host.endsWith("]")) return undefined
+    host = host.slice(1, -1)
+  } else if (host.includes(":")) {
+    return undefined
+  }
+  return { host: host === "" ? undefined : host, port }
+}
+
+/**
+ * A Go-syntax duration (`90s`, `2m`, `1h30m`) in milliseconds.
+ *
+ * @since 0.1.0
+ * @category config
+ */
+export const duration = (name: string): Config.Config<number> =>
+  Config.string(name).pipe(
+    Config.mapOrFail((text) => {
+      const ms = parseMillis(text.trim())
+      return ms === undefined || ms < 0
+        ? Either.left(ConfigError.InvalidData([], `invalid duration ${JSON.stringify(text)}`))
+        : Either.right(ms)
+    })
+  )
+
+const positiveInt = (name: string): Config.Config<number> =>
+  Config.integer(name).pipe(Config.validate({ message: "must be greater than 0", validation: (n) => n > 0 }))
+
+const listenAddress: Config.Config<ListenAddress> = Config.string("REBUNO_LISTEN_ADDR").pipe(
+  Config.mapOrFail((text) => {
+    const parsed = parseListenAddress(text.trim())
+    return parsed === undefined
+      ? Either.left(ConfigError.InvalidData([], `invalid listen address ${JSON.stringify(text)}`))
+      : Either.right(parsed)
+  })
+)
+
+/**
+ * The kernel configuration from `REBUNO_*` variables:
+ * `REBUNO_LISTEN_ADDR`, `REBUNO_DISPATCH_MAX_ATTEMPTS`, `REBUNO_DISPATCH_TIMEOUT`,
+ * `REBUNO_DISPATCH_CONCURRENCY`, `REBUNO_DISPATCH_LEASE_TIMEOUT`,
+ * `REBUNO_APPROVAL_TIMEOUT`, `REBUNO_DEADLINE_TIMEOUT` (off when unset or `0`),
+ * `REBUNO_DEADLINE_CHECK_INTERVAL`, and the optional bearer token
+ * `REBUNO_API_TOKEN` (dev mode when unset or empty).
+ *
+ * @since 0.1.0
+ * @category config
+ */
+export const kernelConfig: Config.Config<KernelConfig> = Config.all({
+  listen: Config.option(listenAddress),
+  maxAttempts: positiveInt("REBUNO_DISPATCH_MAX_ATTEMPTS").pipe(Config.withDefault(defaults.maxAttempts)),
+  dispatchTimeoutMs: duration("REBUNO_DISPATCH_TIMEOUT").pipe(Config.withDefault(defaults.dispatchTimeoutMs)),
+  concurrency: positiveInt("REBUNO_DISPATCH_CONCURRENCY").pipe(Config.withDefault(defaults.concurrency)),
+  leaseTimeoutMs: duration("REBUNO_DISPATCH_LEASE_TIMEOUT").pipe(Config.withDefault(defaults.leaseTimeoutMs)),
+  approvalTimeoutMs: duration("REBUNO_APPROVAL_TIMEOUT").pipe(Config.withDefault(defaults.approvalTimeoutMs)),
+  deadlineMs: Config.option(duration("REBUNO_DEADLINE_TIMEOUT")).pipe(
+    Config.map((o) => Option.isSome(o) && o.value > 0 ? o.value : undefined)
+  ),
+  deadlineCheckIntervalMs: duration("REBUNO_DEADLINE_CHECK_INTERVAL").pipe(
+    Config.withDefault(defaults.deadlineCheckIntervalMs)
+  ),
+  apiToken: Config.option(Config.redacted("REBUNO_API_TOKEN")).pipe(
+    Config.map(Option.filter((token) => Redacted.value(token) !== ""))
+  )
+})

@@ -1,0 +1,219 @@
+/**
+ * The delivery loop of the embedded kernel (PROTOCOL 5.3–5.5). Every 2 s on
+ * Effect's `Clock` — and at once when the core enqueues a dispatch — a tick
+ * reclaims stale leases, expires due approvals, sweeps execution deadlines,
+ * claims up to 10 due dispatches and delivers them concurrently (at most
+ * `concurrency` at a time), recording each outcome in the core. Delivery is
+ * pluggable: the default POSTs the signed webhook with `HttpClient`; the test kit
+ * plugs in an in-process deliverer. `tick` runs one tick on demand and awaits its
+ * deliveries (the test hook of 16.4).
+ *
+ * @since 0.1.0
+ */
+import * as HttpClient from "@effect/platform/HttpClient"
+import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import type * as Scope from "effect/Scope"
+import * as Signature from "../Signature.js"
+import type * as Core from "./Core.js"
+import * as Wire from "./Wire.js"
+
+/**
+ * Sends one webhook. Succeeds with `true` when the agent answered 2xx and with
+ * `false` for any other outcome; never fails. Like a webhook answer, it should
+ * resolve once the agent has accepted the dispatch, not when its run ends: a
+ * tick awaits its deliveries.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Deliver {
+  (claim: Core.Claim, body: string, signature: string): Effect.Effect<boolean>
+}
+
+/**
+ * Options of the dispatcher.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /** Deliveries in flight at once (default 8). */
+  readonly concurrency?: number | undefined
+  /** Webhook timeout of the default HTTP deliverer in ms (default 30 000). */
+  readonly timeoutMs?: number | undefined
+  /** Interval between deadline sweeps in ms (default 30 000); only when the core has deadlines on. */
+  readonly deadlineCheckIntervalMs?: number | undefined
+  /** Tick interval in ms (default 2 000). */
+  readonly tickIntervalMs?: number | undefined
+  /** Claim batch (default 10). */
+  readonly claimBatch?: number | undefined
+  /** Custom delivery; defaults to the HTTP deliverer on `NodeHttpClient`. */
+  readonly deliver?: Deliver | undefined
+  /** Run the background loop (default `true`); `false` leaves ticking to `tick`. */
+  readonly background?: boolean | undefined
+}
+
+/**
+ * A running dispatcher.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Dispatcher {
+  /** Runs one tick now (reclaim, sweeps, claim, deliver) and awaits its deliveries. */
+  readonly tick: Effect.Effect<void>
+}
+
+/**
+ * The dispatcher as a service.
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class DispatcherTag extends Context.Tag("effect-rebuno/kernel/Dispatcher")<DispatcherTag, Dispatcher>() {}
+
+/**
+ * Defaults of PROTOCOL Appendix A.
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const defaults = {
+  concurrency: 8,
+  timeoutMs: 30_000,
+  deadlineCheckIntervalMs: 30_000,
+  tickIntervalMs: 2_000,
+  claimBatch: 10,
+  maxRedirects: 10
+} as const
+
+/**
+ * The exact webhook body of PROTOCOL 5.5 (members in order, no whitespace); the
+ * v0.14.0 form without attempt and lease timeout when `compat` is `"v0.14.0"`.
+ *
+ * @since 0.1.0
+ * @category webhook
+ */
+export const webhookBody = (claim: Core.Claim, compat: Core.Settings["compat"]): string =>
+  Wire.encodeWebhookBody(claim, { compat: compat === "v0.14.0" })
+
+const isRedirect = (status: number): boolean =>
+  status === 301 || status === 302 || status === 303 || status === 307 || status === 308
+
+/**
+ * The default deliverer: POSTs the webhook with `HttpClient`, follows up to 10
+ * redirects the way Go's client does (301/302/303 continue as a bodiless GET,
+ * 307/308 repeat the POST), reads and discards every response body, and treats
+ * anything but a final 2xx — including errors and the timeout — as failure.
+ *
+ * @since 0.1.0
+ * @category webhook
+ */
+export const httpDeliver = (
+  options: { readonly timeoutMs?: number | undefined } = {}
+): Effect.Effect<Deliver, never, HttpClient.HttpClient> =>
+  Effect.map(HttpClient.HttpClient, (client): Deliver => (claim, body, signature) => {
+    const post = HttpClientRequest.post(claim.agent.webhookUrl).pipe(
+      HttpClientRequest.setHeaders({
+        "Rebuno-Signature": signature,
+        "Rebuno-Execution-Id": claim.executionId
+      }),
+      HttpClientRequest.bodyText(body, "application/json")
+    )
+    const loop = (request: HttpClientRequest.HttpClientRequest, redirects: number): Effect.Effect<boolean, unknown> =>
+      Effect.flatMap(client.execute(request), (response) =>
+        Effect.flatMap(Effect.ignore(response.arrayBuffer), () => {
+          const location = response.headers["location"]
+          if (isRedirect(response.status) && location !== undefined && redirects < defaults.maxRedirects) {
+            const url = new URL(location, request.url).toString()
+            const next = response.status === 307 || response.status === 308
+              ? HttpClientRequest.setUrl(request, url)
+              : HttpClientRequest.get(url).pipe(
+                HttpClientRequest.setHeaders({
+                  "Rebuno-Signature": signature,
+                  "Rebuno-Execution-Id": claim.executionId
+                })
+              )
+            return loop(next, redirects + 1)
+          }
+          return Effect.succeed(response.status >= 200 && response.status < 300)
+        }))
+    return loop(post, 0).pipe(
+      Effect.scoped,
+      Effect.timeout(Duration.millis(options.timeoutMs ?? defaults.timeoutMs)),
+      Effect.catchAllCause(() => Effect.succeed(false))
+    )
+  })
+
+/**
+ * Creates a dispatcher over a core and, unless `background: false`, forks its
+ * loop in the current scope.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make = (
+  core: Core.KernelCore,
+  options: Options = {}
+): Effect.Effect<Dispatcher, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const deliver = options.deliver ??
+      (yield* httpDeliver({ timeoutMs: options.timeoutMs }).pipe(
+        Effect.provide(yield* Layer.build(NodeHttpClient.layerUndici))
+      ))
+    const concurrency = Math.max(1, options.concurrency ?? defaults.concurrency)
+    const semaphore = yield* Effect.makeSemaphore(concurrency)
+    const tickInterval = Duration.millis(options.tickIntervalMs ?? defaults.tickIntervalMs)
+    const deadlineInterval = options.deadlineCheckIntervalMs ?? defaults.deadlineCheckIntervalMs
+    const claimBatch = options.claimBatch ?? defaults.claimBatch
+    let lastDeadlineSweep: number | undefined
+
+    const deliverOne = (claim: Core.Claim): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        const body = webhookBody(claim, core.settings.compat)
+        const signature = yield* Signature.sign(claim.agent.secret, body)
+        const ok = yield* deliver(claim, body, signature).pipe(Effect.catchAllCause(() => Effect.succeed(false)))
+        yield* core.recordDelivery(claim, ok)
+      }).pipe(semaphore.withPermits(1))
+
+    const sweepDeadlines = Effect.gen(function*() {
+      if (core.settings.deadlineMs === undefined) return
+      const now = yield* Clock.currentTimeMillis
+      if (lastDeadlineSweep !== undefined && now < lastDeadlineSweep + deadlineInterval) return
+      lastDeadlineSweep = now
+      yield* core.cancelPastDeadline()
+    })
+
+    const tick: Effect.Effect<void> = Effect.gen(function*() {
+      yield* core.reclaimStale()
+      yield* core.expireApprovals()
+      yield* sweepDeadlines
+      const claims = yield* core.claimDue(claimBatch)
+      yield* Effect.forEach(claims, deliverOne, { concurrency: "unbounded", discard: true })
+    }).pipe(Effect.withSpan("Dispatcher.tick"))
+
+    if (options.background ?? true) {
+      const loop = Effect.gen(function*() {
+        yield* tick.pipe(Effect.catchAllCause((cause) => Effect.logError("dispatcher tick failed", cause)))
+        yield* Effect.raceFirst(Effect.sleep(tickInterval), core.enqueued)
+      }).pipe(Effect.forever)
+      yield* Effect.forkScoped(loop)
+    }
+
+    return { tick }
+  })
+
+/**
+ * The dispatcher as a scoped layer.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layer = (core: Core.KernelCore, options: Options = {}): Layer.Layer<DispatcherTag> =>
+  Layer.scoped(DispatcherTag, make(core, options))

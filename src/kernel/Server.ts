@@ -1,0 +1,250 @@
+/**
+ * Serves the kernel routes over HTTP with `@effect/platform`. The adapter reads
+ * the raw request body itself (enforcing the 10 MiB cap while reading, so an
+ * oversized upload is never buffered), passes every header value through so
+ * duplicate headers stay visible to the `v1` signature checks, and writes the
+ * route's response byte for byte: JSON and the plain-text 404 with their exact
+ * content types, `204`/`405` with no content type at all, and the SSE stream
+ * with its headers flushed at once.
+ *
+ * @since 0.1.0
+ */
+import * as HttpApp from "@effect/platform/HttpApp"
+import * as HttpServer from "@effect/platform/HttpServer"
+import * as HttpServerError from "@effect/platform/HttpServerError"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import type * as Redacted from "effect/Redacted"
+import * as Stream from "effect/Stream"
+import * as Http from "node:http"
+import type * as Core from "./Core.js"
+import * as Routes from "./Routes.js"
+
+/**
+ * Options of {@link layer}.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /** Interface to bind; every interface when absent or `""`. */
+  readonly host?: string | undefined
+  /** Port to bind; `0` picks a free port (read it back with `HttpServer.address`). */
+  readonly port: number
+  readonly core: Core.KernelCore
+  /** Bearer token; dev mode when absent. */
+  readonly apiToken?: Redacted.Redacted<string> | undefined
+}
+
+const encoder = new TextEncoder()
+
+type NodeSource = Http.IncomingMessage
+
+const nodeSource = (request: HttpServerRequest.HttpServerRequest): NodeSource | undefined => {
+  try {
+    const source = NodeHttpServerRequest.toIncomingMessage(request) as unknown
+    return source instanceof Http.IncomingMessage ? source : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/** Reads a Node request body, failing as soon as it grows past the cap. */
+const readNodeBody = (source: NodeSource): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
+  Effect.async<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError>((resume) => {
+    const declared = Number(source.headers["content-length"])
+    if (Number.isFinite(declared) && declared > Routes.maxBodyBytes) {
+      source.resume()
+      resume(Effect.fail(new Routes.BodyTooLarge()))
+      return
+    }
+    const chunks: Array<Buffer> = []
+    let size = 0
+    const cleanup = () => {
+      source.off("data", onData)
+      source.off("end", onEnd)
+      source.off("error", onError)
+      source.off("aborted", onAborted)
+    }
+    const onData = (chunk: Buffer) => {
+      size += chunk.length
+      if (size > Routes.maxBodyBytes) {
+        cleanup()
+        chunks.length = 0
+        // Discard the rest so the response can still be written.
+        source.resume()
+        resume(Effect.fail(new Routes.BodyTooLarge()))
+        return
+      }
+      chunks.push(chunk)
+    }
+    const onEnd = () => {
+      cleanup()
+      const all = Buffer.concat(chunks, size)
+      resume(Effect.succeed(new Uint8Array(all.buffer, all.byteOffset, all.byteLength)))
+    }
+    const onError = (cause: unknown) => {
+      cleanup()
+      resume(Effect.fail(new Routes.BodyReadError({ cause })))
+    }
+    const onAborted = () => onError(new Error("request aborted"))
+    if (source.readableEnded) {
+      resume(Effect.succeed(new Uint8Array(0)))
+      return
+    }
+    source.on("data", onData)
+    source.on("end", onEnd)
+    source.on("error", onError)
+    source.on("aborted", onAborted)
+    return Effect.sync(cleanup)
+  })
+
+/** Reads a body through the generic platform API (non-Node servers). */
+const readGenericBody = (
+  request: HttpServerRequest.HttpServerRequest
+): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
+  Stream.runFold(
+    request.stream.pipe(Stream.mapError((cause) => new Routes.BodyReadError({ cause }))),
+    { chunks: [] as Array<Uint8Array>, size: 0 },
+    (acc, chunk) => {
+      acc.chunks.push(chunk)
+      acc.size += chunk.length
+      return acc
+    }
+  ).pipe(
+    Effect.flatMap(({ chunks, size }) => {
+      if (size > Routes.maxBodyBytes) return Effect.fail(new Routes.BodyTooLarge())
+      const out = new Uint8Array(size)
+      let offset = 0
+      for (const chunk of chunks) {
+        out.set(chunk, offset)
+        offset += chunk.length
+      }
+      return Effect.succeed(out)
+    })
+  )
+
+/**
+ * Converts a platform request to the routes' request model.
+ *
+ * @since 0.1.0
+ * @category conversions
+ */
+export const toKernelRequest = (request: HttpServerRequest.HttpServerRequest): Routes.KernelRequest => {
+  const source = nodeSource(request)
+  const distinct = source?.headersDistinct
+  const headers = (name: string): ReadonlyArray<string> => {
+    const key = name.toLowerCase()
+    if (distinct !== undefined) return distinct[key] ?? []
+    const value = request.headers[key]
+    return value === undefined ? [] : [value]
+  }
+  return {
+    method: request.method,
+    url: source?.url ?? request.url,
+    headers,
+    body: source !== undefined ? readNodeBody(source) : readGenericBody(request)
+  }
+}
+
+/**
+ * Converts a routes response to a platform response, adding no headers of its
+ * own (a body-less response gets no content type).
+ *
+ * @since 0.1.0
+ * @category conversions
+ */
+export const toServerResponse = (
+  response: Routes.KernelResponse,
+  request?: HttpServerRequest.HttpServerRequest
+): HttpServerResponse.HttpServerResponse => {
+  const headers: Record<string, string> = {}
+  let contentType: string | undefined
+  for (const [name, value] of Object.entries(response.headers)) {
+    if (name.toLowerCase() === "content-type") contentType = value
+    else headers[name] = value
+  }
+  const body = response.body
+  if (typeof body === "string" || body instanceof Uint8Array) {
+    const bytes = typeof body === "string" ? encoder.encode(body) : body
+    if (bytes.length === 0 && contentType === undefined) {
+      return HttpServerResponse.empty({ status: response.status, headers })
+    }
+    return HttpServerResponse.uint8Array(bytes, {
+      status: response.status,
+      headers,
+      ...(contentType !== undefined ? { contentType } : {})
+    })
+  }
+  const nodeResponse = request === undefined ? undefined : nodeResponseOf(request)
+  // Routes emit an empty chunk once the stream is live: flush the headers then.
+  const stream = body.pipe(
+    Stream.tap((chunk) =>
+      chunk.length === 0 && nodeResponse !== undefined
+        ? Effect.sync(() => nodeResponse.flushHeaders())
+        : Effect.void
+    ),
+    Stream.filter((chunk) => chunk.length > 0)
+  )
+  return HttpServerResponse.stream(stream, {
+    status: response.status,
+    headers,
+    ...(contentType !== undefined ? { contentType } : {})
+  })
+}
+
+const nodeResponseOf = (request: HttpServerRequest.HttpServerRequest): Http.ServerResponse | undefined => {
+  try {
+    const response = NodeHttpServerRequest.toServerResponse(request) as unknown
+    return response instanceof Http.ServerResponse ? response : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The kernel as an `HttpApp`.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const makeApp = (
+  core: Core.KernelCore,
+  options: Routes.Options = {}
+): HttpApp.Default<never, HttpServerRequest.HttpServerRequest> => {
+  const handle = Routes.make(core, options)
+  return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
+    Effect.map(handle(toKernelRequest(request)), (response) => toServerResponse(response, request)))
+}
+
+/**
+ * Serves the kernel on `host:port` with Node's HTTP server. The layer also
+ * provides `HttpServer` so callers can read the bound address. Closing it
+ * drops open connections (SSE streams never end by themselves), then stops
+ * listening.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError> =>
+  Layer.unwrapEffect(Effect.sync(() => {
+    const server = Http.createServer()
+    const closeConnections = Layer.scopedDiscard(
+      Effect.addFinalizer(() => Effect.sync(() => server.closeAllConnections()))
+    )
+    return Layer.merge(
+      HttpServer.serve(makeApp(options.core, { apiToken: options.apiToken })),
+      closeConnections
+    ).pipe(
+      Layer.provideMerge(
+        NodeHttpServer.layerServer(() => server, {
+          port: options.port,
+          ...(options.host !== undefined && options.host !== "" ? { host: options.host } : {})
+        })
+      )
+    )
+  }))

@@ -1,0 +1,213 @@
+import { describe, expect, it } from "@effect/vitest"
+import { ConfigProvider, Effect, Option, Redacted } from "effect"
+import * as ChildProcess from "node:child_process"
+import * as Fs from "node:fs"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import { fileURLToPath } from "node:url"
+import * as KernelConfig from "../../src/kernel/Config.js"
+
+const repoRoot = fileURLToPath(new URL("../..", import.meta.url))
+
+const fromEnv = (env: Record<string, string>) =>
+  Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env))))
+
+interface Spawned {
+  readonly child: ChildProcess.ChildProcess
+  /** Resolves with the first stdout line matching `pattern`. */
+  readonly waitFor: (pattern: RegExp) => Promise<string>
+  readonly output: () => { readonly stdout: string; readonly stderr: string }
+  readonly exited: Promise<number | null>
+}
+
+const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string> = {}): Spawned => {
+  const child = ChildProcess.spawn(process.execPath, ["--import", "tsx", "src/bin/cli.ts", ...args], {
+    cwd: repoRoot,
+    env: { ...process.env, ...env, NO_COLOR: "1" },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let stdout = ""
+  let stderr = ""
+  const waiters: Array<() => void> = []
+  child.stdout!.setEncoding("utf8").on("data", (chunk: string) => {
+    stdout += chunk
+    for (const w of waiters.splice(0)) w()
+  })
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk
+  })
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
+  const waitFor = (pattern: RegExp) =>
+    new Promise<string>((resolve, reject) => {
+      const check = () => {
+        const line = stdout.split("\n").find((l) => pattern.test(l))
+        if (line !== undefined) return resolve(line)
+        waiters.push(check)
+      }
+      void exited.then((code) => reject(new Error(`exited with ${code}: ${stdout}\n${stderr}`)))
+      check()
+    })
+  return { child, waitFor, output: () => ({ stdout, stderr }), exited }
+}
+
+/** Spawns the CLI for the duration of the scope; kills exactly that child afterwards. */
+const scopedCli = (args: ReadonlyArray<string>, env: Record<string, string> = {}) =>
+  Effect.acquireRelease(
+    Effect.sync(() => spawnCli(args, env)),
+    (cli) =>
+      Effect.promise(async () => {
+        if (cli.child.exitCode === null) cli.child.kill("SIGTERM")
+        await cli.exited
+      })
+  )
+
+const tempDir = Effect.acquireRelease(
+  Effect.sync(() => Fs.mkdtempSync(Path.join(Os.tmpdir(), "rebuno-cli-"))),
+  (dir) => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true }))
+)
+
+const getJson = (url: string) =>
+  Effect.promise(() => fetch(url).then(async (r) => ({ status: r.status, body: await r.text() })))
+
+describe("Config", () => {
+  it.effect("defaults", () =>
+    Effect.gen(function*() {
+      const config = yield* KernelConfig.kernelConfig.pipe(fromEnv({}))
+      expect(config).toEqual({
+        listen: Option.none(),
+        maxAttempts: 5,
+        dispatchTimeoutMs: 30_000,
+        concurrency: 8,
+        leaseTimeoutMs: 120_000,
+        approvalTimeoutMs: 900_000,
+        deadlineMs: undefined,
+        deadlineCheckIntervalMs: 30_000,
+        apiToken: Option.none()
+      })
+    }))
+
+  it.effect("REBUNO_* variables with Go durations", () =>
+    Effect.gen(function*() {
+      const config = yield* KernelConfig.kernelConfig.pipe(fromEnv({
+        REBUNO_LISTEN_ADDR: ":9090",
+        REBUNO_DISPATCH_MAX_ATTEMPTS: "3",
+        REBUNO_DISPATCH_TIMEOUT: "1m30s",
+        REBUNO_DISPATCH_CONCURRENCY: "2",
+        REBUNO_DISPATCH_LEASE_TIMEOUT: "45s",
+        REBUNO_APPROVAL_TIMEOUT: "1h",
+        REBUNO_DEADLINE_TIMEOUT: "10m",
+        REBUNO_DEADLINE_CHECK_INTERVAL: "500ms",
+        REBUNO_API_TOKEN: "tok"
+      }))
+      expect(config.listen).toEqual(Option.some({ host: undefined, port: 9090 }))
+      expect(config).toMatchObject({
+        maxAttempts: 3,
+        dispatchTimeoutMs: 90_000,
+        concurrency: 2,
+        leaseTimeoutMs: 45_000,
+        approvalTimeoutMs: 3_600_000,
+        deadlineMs: 600_000,
+        deadlineCheckIntervalMs: 500
+      })
+      expect(Option.map(config.apiToken, Redacted.value)).toEqual(Option.some("tok"))
+    }))
+
+  it.effect("invalid values are config errors", () =>
+    Effect.gen(function*() {
+      for (
+        const env of [
+          { REBUNO_DISPATCH_LEASE_TIMEOUT: "120" },
+          { REBUNO_DISPATCH_MAX_ATTEMPTS: "0" },
+          { REBUNO_DISPATCH_MAX_ATTEMPTS: "x" },
+          { REBUNO_LISTEN_ADDR: "8080" }
+        ]
+      ) {
+        const result = yield* Effect.either(KernelConfig.kernelConfig.pipe(fromEnv(env)))
+        expect(result._tag).toBe("Left")
+      }
+      const off = yield* KernelConfig.kernelConfig.pipe(fromEnv({ REBUNO_DEADLINE_TIMEOUT: "0s" }))
+      expect(off.deadlineMs).toBeUndefined()
+    }))
+
+  it("parses listen addresses like net.SplitHostPort", () => {
+    expect(KernelConfig.parseListenAddress("127.0.0.1:8080")).toEqual({ host: "127.0.0.1", port: 8080 })
+    expect(KernelConfig.parseListenAddress("[::1]:80")).toEqual({ host: "::1", port: 80 })
+    expect(KernelConfig.parseListenAddress(":0")).toEqual({ host: undefined, port: 0 })
+    expect(KernelConfig.parseListenAddress("::1:80")).toBeUndefined()
+    expect(KernelConfig.parseListenAddress("host:99999")).toBeUndefined()
+  })
+})
+
+describe("CLI", () => {
+  it.scopedLive("dev: prints the URL and agents, serves, applies flags", () =>
+    Effect.gen(function*() {
+      // a webhook receiver to observe the lease timeout flag
+      const webhooks: Array<string> = []
+      const receiver = yield* Effect.acquireRelease(
+        Effect.async<Http.Server>((resume) => {
+          const server = Http.createServer((req, res) => {
+            let body = ""
+            req.on("data", (c) => (body += c))
+            req.on("end", () => {
+              webhooks.push(body)
+              res.writeHead(200)
+              res.end()
+            })
+          })
+          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+        }),
+        (server) =>
+          Effect.async<void>((resume) => {
+            server.closeAllConnections()
+            server.close(() => resume(Effect.void))
+          })
+      )
+      const dir = yield* tempDir
+      const manifest = Path.join(dir, "manifest.yaml")
+      Fs.writeFileSync(
+        manifest,
+        `agents:\n  - id: hello\n    webhook_url: http://127.0.0.1:\${HOOK_PORT}/webhook\n    secret: $SECRET\n`
+      )
+      const cli = yield* scopedCli(
+        ["dev", "--port", "0", "--config", manifest, "--lease-timeout", "45s", "--max-attempts", "2"],
+        { HOOK_PORT: String((receiver.address() as AddressInfo).port), SECRET: "s", REBUNO_DISPATCH_TIMEOUT: "5s" }
+      )
+      const line = yield* Effect.promise(() => cli.waitFor(/listening on/))
+      const url = /^effect-rebuno dev kernel listening on (http:\/\/127\.0\.0\.1:\d+)$/.exec(line)?.[1]
+      expect(url).toBeDefined()
+      yield* Effect.promise(() => cli.waitFor(/registered agent hello/))
+      expect(cli.output().stdout).toContain(
+        `registered agent hello -> http://127.0.0.1:${(receiver.address() as AddressInfo).port}/webhook`
+      )
+      expect(yield* getJson(url + "/v0/health")).toEqual({ status: 200, body: "{\"status\":\"ok\"}\n" })
+      const created = yield* Effect.promise(() =>
+        fetch(url + "/v0/executions", { method: "POST", body: "{\"agent_id\":\"hello\"}" }).then((r) => r.status)
+      )
+      expect(created).toBe(201)
+      for (let i = 0; i < 300 && webhooks.length === 0; i++) yield* Effect.sleep("10 millis")
+      expect(webhooks[0]).toMatch(/"dispatch_attempt":1,"lease_timeout_seconds":45\}$/)
+    }), 60_000)
+
+  it.scopedLive("REBUNO_LISTEN_ADDR sets host and port", () =>
+    Effect.gen(function*() {
+      const cli = yield* scopedCli(["dev"], { REBUNO_LISTEN_ADDR: "127.0.0.1:0" })
+      const line = yield* Effect.promise(() => cli.waitFor(/listening on/))
+      expect(line).toMatch(/listening on http:\/\/127\.0\.0\.1:\d+$/)
+      yield* Effect.promise(() => cli.waitFor(/^no agents registered/))
+    }), 60_000)
+
+  it.scopedLive("start-up errors exit non-zero with the message", () =>
+    Effect.gen(function*() {
+      const dir = yield* tempDir
+      const manifest = Path.join(dir, "bad.yaml")
+      Fs.writeFileSync(manifest, "agents:\n  - webhook_url: x\n")
+      const bad = yield* scopedCli(["dev", "--port", "0", "--config", manifest])
+      const badFlag = yield* scopedCli(["dev", "--port", "0", "--lease-timeout", "120"])
+      expect(yield* Effect.promise(() => bad.exited)).not.toBe(0)
+      expect(bad.output().stderr).toContain("agents[0]: id is required")
+      expect(yield* Effect.promise(() => badFlag.exited)).not.toBe(0)
+      expect(badFlag.output().stdout + badFlag.output().stderr).toContain("invalid duration")
+    }), 60_000)
+})

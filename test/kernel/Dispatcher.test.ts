@@ -1,0 +1,391 @@
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import { describe, expect, it } from "@effect/vitest"
+import { Clock, Deferred, Effect, Fiber, Queue, Ref, TestClock } from "effect"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import * as Signature from "../../src/Signature.js"
+import * as Core from "../../src/kernel/Core.js"
+import * as Dispatcher from "../../src/kernel/Dispatcher.js"
+
+const SECRET = "hello-secret"
+
+interface Delivered {
+  readonly claim: Core.Claim
+  readonly body: string
+  readonly signature: string
+  readonly at: number
+}
+
+/** A fake deliverer that records every call and answers with `answer()`. */
+const recorder = (answer: (claim: Core.Claim) => boolean = () => true) =>
+  Effect.gen(function*() {
+    const log = yield* Queue.unbounded<Delivered>()
+    const deliver: Dispatcher.Deliver = (claim, body, signature) =>
+      Effect.gen(function*() {
+        const at = yield* Clock.currentTimeMillis
+        yield* Queue.offer(log, { claim, body, signature, at })
+        return answer(claim)
+      })
+    return { log, deliver }
+  })
+
+const setup = (settings: Partial<Core.Settings> = {}) =>
+  Effect.gen(function*() {
+    const core = yield* Core.make({ random: () => 0, ...settings })
+    yield* core.registerAgent({ id: "hello", webhookUrl: "http://127.0.0.1:1/webhook", secret: SECRET })
+    const create = Effect.map(
+      core.createExecution({ agentId: "hello", inputRaw: "{}", agentVersion: undefined }),
+      (e) => e.id
+    )
+    return { core, create }
+  })
+
+/** Lets forked fibers run until they block. */
+const settle = Effect.repeatN(Effect.yieldNow(), 20)
+
+/** Waits (in real time, for Web Crypto signing) until `check` holds. */
+const eventually = <E, R>(check: Effect.Effect<boolean, E, R>) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 500; i++) {
+      if (yield* check) return
+      yield* Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 2)))
+    }
+    throw new Error("condition not reached")
+  })
+
+/**
+ * Waits until every claim has been handed to the deliverer (signing uses Web
+ * Crypto, which resolves in real time), so the clock only moves between ticks.
+ */
+const deliveredAll = (core: Core.KernelCore, log: Queue.Queue<Delivered>, taken = 0) =>
+  Effect.zipRight(
+    settle,
+    eventually(
+      Effect.zipWith(
+        core.dispatches(),
+        Queue.size(log),
+        (dispatches, size) =>
+          dispatches.reduce((sum, d) => sum + Math.min(d.attempt, d.maxAttempts), 0) === size + taken
+      )
+    )
+  )
+
+const eventTypes = (core: Core.KernelCore, id: string) =>
+  Effect.map(core.eventLog(id), (events) => events.map((e) => e.type))
+
+describe("Dispatcher", () => {
+  it.scoped("delivers the exact signed webhook body", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup()
+      const { deliver, log } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      const id = yield* create
+      yield* dispatcher.tick
+      const sent = yield* Queue.take(log)
+      const dispatchId = sent.claim.dispatchId
+      expect(sent.body).toBe(
+        `{"execution_id":"${id}","dispatch_id":"${dispatchId}","dispatch_attempt":1,"lease_timeout_seconds":120}`
+      )
+      expect(sent.signature).toBe(yield* Signature.sign(SECRET, sent.body))
+      expect(yield* eventTypes(core, id)).toEqual([
+        "execution.created",
+        "execution.started",
+        "dispatch.queued",
+        "dispatch.acked"
+      ])
+      const [dispatch] = yield* core.dispatches(id)
+      expect(dispatch).toMatchObject({ status: "in_flight", attempt: 1 })
+    }))
+
+  it.scoped("compat v0.14.0 webhooks carry only the two ids", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ compat: "v0.14.0" })
+      const { deliver, log } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      const id = yield* create
+      yield* dispatcher.tick
+      const sent = yield* Queue.take(log)
+      expect(sent.body).toBe(`{"execution_id":"${id}","dispatch_id":"${sent.claim.dispatchId}"}`)
+    }))
+
+  it.scoped("per-agent lease timeouts show in the webhook", () =>
+    Effect.gen(function*() {
+      const { core } = yield* setup()
+      yield* core.registerAgent({ id: "slow", webhookUrl: "", secret: "s", leaseTimeoutSeconds: 45 })
+      const { deliver, log } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      yield* core.createExecution({ agentId: "slow", inputRaw: undefined, agentVersion: undefined })
+      yield* dispatcher.tick
+      expect((yield* Queue.take(log)).body).toMatch(/"dispatch_attempt":1,"lease_timeout_seconds":45\}$/)
+    }))
+
+  it.scoped("ticks at once on enqueue, then every 2 s", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ leaseTimeoutMs: 120_000 })
+      const { deliver, log } = yield* recorder()
+      yield* Dispatcher.make(core, { deliver })
+      yield* settle
+      yield* TestClock.adjust("5 seconds")
+      yield* settle
+      yield* create
+      yield* settle
+      // delivered immediately, without waiting for the next tick
+      const first = yield* Queue.take(log)
+      expect(first.at).toBe(5_000)
+      yield* create
+      yield* settle
+      expect((yield* Queue.take(log)).at).toBe(5_000)
+      expect(yield* Queue.size(log)).toBe(0)
+    }))
+
+  it.scoped("failed deliveries back off and exhaust after max attempts", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ maxAttempts: 5 })
+      const { deliver, log } = yield* recorder(() => false)
+      yield* Dispatcher.make(core, { deliver })
+      yield* settle
+      const id = yield* create
+      for (let i = 0; i < 40; i++) {
+        yield* deliveredAll(core, log)
+        yield* TestClock.adjust("1 second")
+      }
+      const sent = yield* Queue.takeAll(log)
+      expect([...sent].map((d) => [d.claim.attempt, d.at])).toEqual([
+        [1, 0],
+        [2, 2_000],
+        [3, 4_000],
+        [4, 8_000],
+        [5, 16_000]
+      ])
+      const execution = yield* core.getExecution(id)
+      expect(execution.status).toBe("failed")
+      expect(execution.failureReason).toBe("dispatch_exhausted")
+      expect(yield* eventTypes(core, id)).toEqual([
+        "execution.created",
+        "execution.started",
+        "dispatch.queued",
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "execution.failed"
+      ])
+    }))
+
+  it.scoped("lapsed leases are reclaimed and redelivered with the same dispatch id", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ leaseTimeoutMs: 10_000, maxAttempts: 2 })
+      const { deliver, log } = yield* recorder()
+      yield* Dispatcher.make(core, { deliver })
+      yield* settle
+      const id = yield* create
+      for (let i = 0; i < 30; i++) {
+        yield* deliveredAll(core, log)
+        yield* TestClock.adjust("1 second")
+      }
+      const sent = [...(yield* Queue.takeAll(log))]
+      expect(sent.map((d) => d.claim.attempt)).toEqual([1, 2])
+      expect(sent[1]!.claim.dispatchId).toBe(sent[0]!.claim.dispatchId)
+      // reclaimed on the first tick after locked_at + 10 s
+      expect(sent[1]!.at).toBeGreaterThan(10_000)
+      expect(sent[1]!.at).toBeLessThanOrEqual(12_000)
+      expect(yield* eventTypes(core, id)).toEqual([
+        "execution.created",
+        "execution.started",
+        "dispatch.queued",
+        "dispatch.acked",
+        "dispatch.acked",
+        "execution.failed"
+      ])
+    }))
+
+  it.scoped("delivers at most `concurrency` webhooks at once and tick awaits them", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup()
+      const active = yield* Ref.make(0)
+      const peak = yield* Ref.make(0)
+      const release = yield* Deferred.make<void>()
+      const deliver: Dispatcher.Deliver = () =>
+        Effect.gen(function*() {
+          const now = yield* Ref.updateAndGet(active, (n) => n + 1)
+          yield* Ref.update(peak, (p) => Math.max(p, now))
+          yield* Deferred.await(release)
+          yield* Ref.update(active, (n) => n - 1)
+          return true
+        })
+      const dispatcher = yield* Dispatcher.make(core, { deliver, concurrency: 3, background: false })
+      for (let i = 0; i < 12; i++) yield* create
+      const tick = yield* Effect.fork(dispatcher.tick)
+      yield* eventually(Effect.map(Ref.get(active), (n) => n === 3))
+      yield* Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 20)))
+      expect(yield* Ref.get(active)).toBe(3)
+      expect(tick.unsafePoll()).toBeNull()
+      yield* Deferred.succeed(release, undefined)
+      yield* Fiber.join(tick)
+      expect(yield* Ref.get(peak)).toBe(3)
+      const dispatches = yield* core.dispatches()
+      // claim batch of 10 per tick
+      expect(dispatches.filter((d) => d.attempt === 1)).toHaveLength(10)
+      expect(dispatches.filter((d) => d.attempt === 0)).toHaveLength(2)
+    }))
+
+  it.scoped("each tick expires due approvals", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ approvalTimeoutMs: 60_000 })
+      yield* core.loadPolicy(
+        "hello",
+        "default_action: allow\nrules:\n  - id: gate\n    when: { step_kind: tool_call }\n    then: { decision: require_approval }\n"
+      )
+      const { deliver, log } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      const id = yield* create
+      yield* dispatcher.tick
+      const first = yield* Queue.take(log)
+      const decision = yield* core.submitStep(
+        id,
+        { dispatchId: first.claim.dispatchId, attempt: first.claim.attempt },
+        { kind: "tool_call", target: "send", argsRaw: "{}", idempotency: "" }
+      )
+      expect(decision.decision).toBe("blocked")
+      yield* TestClock.adjust("59 seconds")
+      yield* dispatcher.tick
+      expect((yield* core.getExecution(id)).status).toBe("blocked")
+      yield* TestClock.adjust("1 second")
+      yield* dispatcher.tick
+      expect((yield* core.getExecution(id)).status).toBe("running")
+      const second = yield* Queue.take(log)
+      expect(second.claim.dispatchId).not.toBe(first.claim.dispatchId)
+      expect(second.claim.attempt).toBe(1)
+    }))
+
+  it.scoped("deadline sweep runs every 30 s when deadlines are on", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ deadlineMs: 5_000 })
+      const { deliver } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      yield* dispatcher.tick // sweeps at t=0
+      const id = yield* create
+      yield* TestClock.adjust("29 seconds")
+      yield* dispatcher.tick
+      expect((yield* core.getExecution(id)).status).toBe("running")
+      yield* TestClock.adjust("1 second")
+      yield* dispatcher.tick
+      const execution = yield* core.getExecution(id)
+      expect(execution.status).toBe("cancelled")
+      expect(execution.failureReason).toBe("client_cancelled")
+    }))
+
+  describe("HTTP deliverer", () => {
+    const serve = (handler: Http.RequestListener) =>
+      Effect.acquireRelease(
+        Effect.async<Http.Server>((resume) => {
+          const server = Http.createServer(handler)
+          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+        }),
+        (server) =>
+          Effect.async<void>((resume) => {
+            server.closeAllConnections()
+            server.close(() => resume(Effect.void))
+          })
+      ).pipe(Effect.map((server) => `http://127.0.0.1:${(server.address() as AddressInfo).port}`))
+
+    interface Seen {
+      readonly method: string
+      readonly url: string
+      readonly headers: Http.IncomingHttpHeaders
+      readonly body: string
+    }
+
+    const claimFor = (url: string): Core.Claim => ({
+      dispatchId: "0192f1a0-0000-7000-8000-0000000000d1",
+      executionId: "0192f1a0-0000-7000-8000-000000000000",
+      attempt: 1,
+      leaseTimeoutSeconds: 120,
+      agent: {
+        id: "hello",
+        webhookUrl: url,
+        secret: SECRET,
+        policyBundle: "",
+        policy: undefined,
+        registeredAtMs: 0,
+        leaseTimeoutMs: undefined
+      }
+    })
+
+    const BODY =
+      "{\"execution_id\":\"0192f1a0-0000-7000-8000-000000000000\",\"dispatch_id\":\"0192f1a0-0000-7000-8000-0000000000d1\",\"dispatch_attempt\":1,\"lease_timeout_seconds\":120}"
+    const SIG = "sha256=25199efc9ab5c6ddfaa8f3436f2487db5b2c76046e09e31cdc458b50bb37f58a"
+
+    it.scopedLive("POSTs the webhook with its headers, follows redirects like Go, maps statuses", () =>
+      Effect.gen(function*() {
+        const seen: Array<Seen> = []
+        const base = yield* serve((req, res) => {
+          let body = ""
+          req.setEncoding("utf8")
+          req.on("data", (c) => (body += c))
+          req.on("end", () => {
+            seen.push({ method: req.method!, url: req.url!, headers: req.headers, body })
+            const redirect = (status: number, to: string) => {
+              res.writeHead(status, { location: to })
+              res.end("moved")
+            }
+            switch (req.url) {
+              case "/ok":
+                res.writeHead(200, { "content-type": "text/plain" })
+                return res.end("ignored body")
+              case "/accepted":
+                res.writeHead(202)
+                return res.end()
+              case "/307":
+                return redirect(307, "/ok")
+              case "/302":
+                return redirect(302, "/ok")
+              case "/loop":
+                return redirect(302, "/loop")
+              case "/400":
+                res.writeHead(400)
+                return res.end("bad")
+              default:
+                res.writeHead(500)
+                return res.end()
+            }
+          })
+        })
+        const deliver = yield* Dispatcher.httpDeliver({ timeoutMs: 5_000 })
+        const send = (path: string) => deliver(claimFor(base + path), BODY, SIG)
+
+        expect(yield* send("/ok")).toBe(true)
+        expect(seen[0]!.method).toBe("POST")
+        expect(seen[0]!.body).toBe(BODY)
+        expect(seen[0]!.headers["content-type"]).toBe("application/json")
+        expect(seen[0]!.headers["rebuno-signature"]).toBe(SIG)
+        expect(seen[0]!.headers["rebuno-execution-id"]).toBe("0192f1a0-0000-7000-8000-000000000000")
+        expect(seen[0]!.headers["rebuno-agent-id"]).toBeUndefined()
+
+        expect(yield* send("/accepted")).toBe(true)
+        seen.length = 0
+        expect(yield* send("/307")).toBe(true)
+        expect(seen.map((s) => [s.method, s.url, s.body])).toEqual([["POST", "/307", BODY], ["POST", "/ok", BODY]])
+        seen.length = 0
+        expect(yield* send("/302")).toBe(true)
+        expect(seen.map((s) => [s.method, s.url, s.body])).toEqual([["POST", "/302", BODY], ["GET", "/ok", ""]])
+        seen.length = 0
+        expect(yield* send("/loop")).toBe(false)
+        expect(seen).toHaveLength(11)
+        expect(yield* send("/400")).toBe(false)
+        expect(yield* send("/500")).toBe(false)
+      }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
+
+    it.scopedLive("network errors and timeouts are failures", () =>
+      Effect.gen(function*() {
+        const base = yield* serve(() => {
+          // never answers
+        })
+        const deliver = yield* Dispatcher.httpDeliver({ timeoutMs: 200 })
+        expect(yield* deliver(claimFor(base + "/hang"), BODY, SIG)).toBe(false)
+        expect(yield* deliver(claimFor("http://127.0.0.1:1/webhook"), BODY, SIG)).toBe(false)
+        expect(yield* deliver(claimFor("not a url"), BODY, SIG)).toBe(false)
+      }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
+  })
+})

@@ -1,0 +1,189 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Redacted } from "effect"
+import * as Fs from "node:fs"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import * as Signature from "../../src/Signature.js"
+import * as Kernel from "../../src/kernel/index.js"
+
+interface RawResponse {
+  readonly status: number
+  readonly headers: Http.IncomingHttpHeaders
+  readonly body: Buffer
+}
+
+/** A raw `node:http` request: exact status, headers and body bytes. */
+const raw = (
+  base: string,
+  method: string,
+  path: string,
+  options: { readonly headers?: Http.OutgoingHttpHeaders; readonly body?: string | Buffer } = {}
+) =>
+  Effect.async<RawResponse, Error>((resume) => {
+    const req = Http.request(base + path, { method, headers: options.headers ?? {}, agent: false }, (res) => {
+      const chunks: Array<Buffer> = []
+      res.on("data", (c: Buffer) => chunks.push(c))
+      res.on("end", () => resume(Effect.succeed({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks) })))
+      res.on("error", (e) => resume(Effect.fail(e)))
+    })
+    req.on("error", (e) => resume(Effect.fail(e)))
+    req.end(options.body)
+  })
+
+const start = (options: Kernel.StartOptions = {}) =>
+  Kernel.start({ port: 0, dispatcher: { deliver: () => Effect.succeed(true) }, ...options })
+
+describe("Server", () => {
+  it.scopedLive("serves exact JSON bytes on a real socket", () =>
+    Effect.gen(function*() {
+      const kernel = yield* start()
+      expect(kernel.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+      const res = yield* raw(kernel.url, "GET", "/v0/health")
+      expect(res.status).toBe(200)
+      expect(res.headers["content-type"]).toBe("application/json; charset=utf-8")
+      expect(res.headers["content-length"]).toBe("16")
+      expect(res.body.toString("utf8")).toBe("{\"status\":\"ok\"}\n")
+    }))
+
+  it.scopedLive("routing errors: 404 text/plain, 405 and 204 without content type", () =>
+    Effect.gen(function*() {
+      const { url } = yield* start()
+      const notFound = yield* raw(url, "GET", "/v0/unknown")
+      expect(notFound.status).toBe(404)
+      expect(notFound.headers["content-type"]).toBe("text/plain; charset=utf-8")
+      expect(notFound.body.toString("utf8")).toBe("404 page not found\n")
+
+      const notAllowed = yield* raw(url, "PATCH", "/v0/executions")
+      expect(notAllowed.status).toBe(405)
+      expect(notAllowed.headers["content-type"]).toBeUndefined()
+      expect(notAllowed.body.length).toBe(0)
+
+      const deleted = yield* raw(url, "DELETE", "/v0/agents/nobody")
+      expect(deleted.status).toBe(204)
+      expect(deleted.headers["content-type"]).toBeUndefined()
+      expect(deleted.body.length).toBe(0)
+    }))
+
+  it.scopedLive("bearer token when configured", () =>
+    Effect.gen(function*() {
+      const { url } = yield* start({ apiToken: Redacted.make("tok") })
+      const denied = yield* raw(url, "GET", "/v0/agents")
+      expect(denied.status).toBe(401)
+      expect(denied.body.toString()).toBe("{\"code\":\"unauthorized\",\"message\":\"unauthorized\"}\n")
+      const ok = yield* raw(url, "GET", "/v0/agents", { headers: { authorization: "Bearer tok" } })
+      expect(ok.body.toString()).toBe("[]\n")
+    }))
+
+  it.scopedLive("body cap over HTTP: 400 on bearer routes, 401 on agent routes", () =>
+    Effect.gen(function*() {
+      const { url, core } = yield* start()
+      yield* core.registerAgent({ id: "a", webhookUrl: "", secret: "s" })
+      const big = Buffer.alloc(10 * 1024 * 1024 + 1, 0x20)
+      const create = yield* raw(url, "POST", "/v0/executions", { body: big })
+      expect(create.status).toBe(400)
+      expect(create.body.toString()).toBe("{\"code\":\"validation_error\",\"message\":\"validation error\"}\n")
+      const signature = yield* Signature.sign("s", big)
+      const agent = yield* raw(url, "POST", "/v0/executions/0192f1a0-0000-7000-8000-000000000000/complete", {
+        body: big,
+        headers: { "rebuno-agent-id": "a", "rebuno-signature": signature }
+      })
+      expect(agent.status).toBe(401)
+      // the server keeps working afterwards
+      expect((yield* raw(url, "GET", "/v0/ready")).status).toBe(200)
+    }))
+
+  it.scopedLive("SSE: headers flushed at once, frames as published", () =>
+    Effect.gen(function*() {
+      const { url, core } = yield* start()
+      const id = "0192f1a0-0000-7000-8000-000000000000"
+      const received = yield* Effect.async<{ res: Http.IncomingMessage; req: Http.ClientRequest }, Error>(
+        (resume) => {
+          const req = Http.get(url + `/v0/executions/${id}/stream`, { agent: false }, (res) => {
+            resume(Effect.succeed({ res, req }))
+          })
+          req.on("error", (e) => resume(Effect.fail(e)))
+        }
+      ).pipe(Effect.timeout("3 seconds"))
+      const { res, req } = received
+      yield* Effect.addFinalizer(() => Effect.sync(() => req.destroy()))
+      expect(res.statusCode).toBe(200)
+      expect(res.headers["content-type"]).toBe("text/event-stream")
+      expect(res.headers["cache-control"]).toBe("no-cache")
+      expect(res.headers["connection"]).toBe("keep-alive")
+      const frame = Effect.async<string>((resume) => {
+        res.once("data", (chunk: Buffer) => resume(Effect.succeed(chunk.toString("utf8"))))
+      })
+      const next = yield* Effect.fork(frame)
+      yield* core.publishDelta(id, { stepId: "s", seq: 3, data: "a&b" })
+      expect(yield* next).toBe("data: {\"step_id\":\"s\",\"seq\":3,\"data\":\"a\\u0026b\"}\n\n")
+    }))
+
+  it.scopedLive("end to end: manifest, HTTP webhook, signed agent calls", () =>
+    Effect.gen(function*() {
+      // a minimal agent: verifies the webhook, answers 200, then heartbeats and completes
+      const webhooks: Array<{ body: string; signature: string | undefined }> = []
+      const agentServer = yield* Effect.acquireRelease(
+        Effect.async<Http.Server>((resume) => {
+          const server = Http.createServer((req, res) => {
+            let body = ""
+            req.on("data", (c) => (body += c))
+            req.on("end", () => {
+              webhooks.push({ body, signature: req.headers["rebuno-signature"] as string | undefined })
+              res.writeHead(200)
+              res.end()
+            })
+          })
+          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+        }),
+        (server) =>
+          Effect.async<void>((resume) => {
+            server.close(() => resume(Effect.void))
+          })
+      )
+      const port = (agentServer.address() as AddressInfo).port
+      const dir = yield* Effect.acquireRelease(
+        Effect.sync(() => Fs.mkdtempSync(Path.join(Os.tmpdir(), "rebuno-server-"))),
+        (d) => Effect.sync(() => Fs.rmSync(d, { recursive: true, force: true }))
+      )
+      const manifest = Path.join(dir, "manifest.yaml")
+      Fs.writeFileSync(
+        manifest,
+        `agents:\n  - id: hello\n    webhook_url: http://127.0.0.1:${port}/webhook\n    secret: hello-secret\n`
+      )
+      const kernel = yield* Kernel.start({ port: 0, manifest })
+      expect(kernel.agents.map((a) => a.id)).toEqual(["hello"])
+
+      const created = yield* raw(kernel.url, "POST", "/v0/executions", {
+        body: "{\"agent_id\":\"hello\",\"input\":{\"query\":\"hi\"}}"
+      })
+      expect(created.status).toBe(201)
+      const id = JSON.parse(created.body.toString()).id as string
+
+      // delivered at once on enqueue (no 2 s wait)
+      for (let i = 0; i < 200 && webhooks.length === 0; i++) yield* Effect.sleep("10 millis")
+      expect(webhooks).toHaveLength(1)
+      const webhook = JSON.parse(webhooks[0]!.body)
+      expect(webhooks[0]!.signature).toBe(yield* Signature.sign("hello-secret", webhooks[0]!.body))
+      expect(webhook).toMatchObject({ execution_id: id, dispatch_attempt: 1, lease_timeout_seconds: 120 })
+
+      const lease = {
+        "rebuno-agent-id": "hello",
+        "rebuno-dispatch-id": webhook.dispatch_id,
+        "rebuno-dispatch-attempt": "1"
+      }
+      const beat = yield* raw(kernel.url, "POST", `/v0/executions/${id}/heartbeat`, {
+        headers: { ...lease, "rebuno-signature": yield* Signature.sign("hello-secret", "") }
+      })
+      expect(beat.status).toBe(204)
+      const output = "{\"output\":{\"ok\":true}}"
+      const done = yield* raw(kernel.url, "POST", `/v0/executions/${id}/complete`, {
+        body: output,
+        headers: { ...lease, "content-type": "application/json", "rebuno-signature": yield* Signature.sign("hello-secret", output) }
+      })
+      expect(done.status).toBe(204)
+      const execution = JSON.parse((yield* raw(kernel.url, "GET", `/v0/executions/${id}`)).body.toString())
+      expect(execution).toMatchObject({ status: "completed", output: { ok: true } })
+    }))
+})
