@@ -30,7 +30,7 @@ import {
   Ref,
   Schema
 } from "effect"
-import type { Scope } from "effect"
+import { Scope } from "effect"
 import { createServer } from "node:http"
 import { Execution, fromRunState } from "./Execution.js"
 import { KernelClient } from "./KernelClient.js"
@@ -169,7 +169,10 @@ export const runtime = <In, A, E, R>(
 ): Effect.Effect<AgentRuntime, never, Scope.Scope | KernelClient | R> =>
   Effect.gen(function*() {
     const kernel = yield* KernelClient
-    const context = yield* Effect.context<KernelClient | R>()
+    // Runs must not inherit the caller's Scope: they get their own (see below).
+    const context = Context.omit(Scope.Scope)(yield* Effect.context<KernelClient | R>()) as Context.Context<
+      KernelClient | R
+    >
     const runs = yield* FiberMap.make<string, void, never>()
     const active = new Map<string, ActiveRun>()
 
@@ -210,6 +213,8 @@ export const runtime = <In, A, E, R>(
           runs,
           notice.executionId,
           runOnce(agent, state, notice).pipe(
+            // Each run owns its scope: its heartbeat stops when the run ends or is interrupted.
+            Effect.scoped,
             Effect.raceFirst(Deferred.await(state.stopped)),
             Effect.ensuring(Effect.zipRight(state.close, forget)),
             Effect.catchAllCause((cause) =>

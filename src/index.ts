@@ -33,6 +33,11 @@ export * as KernelClient from "./KernelClient.js"
 /**
  * @since 0.1.0
  */
+export * as Llm from "./Llm.js"
+
+/**
+ * @since 0.1.0
+ */
 export * as Protocol from "./Protocol.js"
 
 /**
