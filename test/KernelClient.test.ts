@@ -94,8 +94,14 @@ const settle = Effect.promise(() => new Promise<void>((resolve) => setImmediate(
 /** Settles real promises until `done` holds (signing and Response bodies are promise-based). */
 const settleUntil = (done: () => boolean) =>
   Effect.gen(function*() {
-    for (let i = 0; i < 100 && !done(); i++) yield* settle
+    // Generous bound: on a loaded machine Web Crypto signing can take many macrotasks.
+    for (let i = 0; i < 10_000 && !done(); i++) yield* settle
   })
+
+/** Settles until at least one sleep (e.g. a request timeout) is registered with the TestClock. */
+const settleUntilSleeping = Effect.gen(function*() {
+  for (let i = 0; i < 10_000 && Chunk.isEmpty(yield* TestClock.sleeps()); i++) yield* settle
+})
 
 /** Runs an effect to completion, moving the TestClock one second whenever it waits on a sleep. */
 const driveClock = <A, E>(effect: Effect.Effect<A, E>) =>
@@ -600,6 +606,7 @@ describe("KernelClient timeouts", () => {
         Effect.gen(function*() {
           const fiber = yield* Effect.fork(client.heartbeat(caller, EXEC))
           yield* settleUntil(() => requests.length === 1)
+          yield* settleUntilSleeping
           yield* TestClock.adjust("34999 millis")
           yield* settle
           expect(yield* Fiber.poll(fiber)).toMatchObject({ _tag: "None" })
@@ -621,6 +628,7 @@ describe("KernelClient timeouts", () => {
             client.submitStep(caller, EXEC, { kind: "local", target: "x", argsJson: "null", idempotency: "safe_to_retry" })
           )
           yield* settleUntil(() => requests.length === 1)
+          yield* settleUntilSleeping
           yield* TestClock.adjust("2 seconds")
           const error = failureOf(yield* Fiber.await(fiber))
           expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
