@@ -10,6 +10,7 @@
  *
  * @since 0.1.0
  */
+import type { ApprovalStatus, ExecutionStatus, StepStatus } from "../Protocol.js"
 import { Clock, Data, Effect, Either, Queue } from "effect"
 import type { Scope } from "effect"
 import { compact } from "../internal/json.js"
@@ -83,30 +84,12 @@ export const defaultSettings: Settings = {
 // ---------------------------------------------------------------------------
 
 /**
+ * Execution, step and approval statuses are the wire's (shared with the SDK).
+ *
  * @since 0.1.0
  * @category models
  */
-export type ExecutionStatus = "pending" | "running" | "blocked" | "completed" | "failed" | "cancelled"
-
-/**
- * @since 0.1.0
- * @category models
- */
-export type StepStatus =
-  | "proposed"
-  | "allowed"
-  | "denied"
-  | "awaiting_approval"
-  | "executing"
-  | "succeeded"
-  | "failed"
-  | "cancelled"
-
-/**
- * @since 0.1.0
- * @category models
- */
-export type ApprovalStatus = "pending" | "granted" | "denied" | "expired"
+export type { ApprovalStatus, ExecutionStatus, StepStatus } from "../Protocol.js"
 
 /**
  * @since 0.1.0
