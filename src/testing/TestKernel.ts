@@ -5,6 +5,12 @@
  * `TestClock`: replay, crashes, lease loss, approvals, denials, rate limits,
  * cancellation and heartbeats, without sockets or real time.
  *
+ * Faults are injected at the agent → kernel calls: a crash (the agent's process
+ * dies), a lease lapse (the process stalls while staying alive, and is fenced
+ * when it wakes up), a transport failure (the kernel is unreachable, before or
+ * after it processed the call), and failing webhooks. Every agent → kernel call
+ * is logged ({@link KernelCall}), so a test can count exactly what ran.
+ *
  * @example
  * ```ts
  * it.effect("replays after a crash", () =>
@@ -23,6 +29,7 @@ import {
   Chunk,
   Clock,
   Context,
+  Deferred,
   Duration,
   Effect,
   Exit,
@@ -40,9 +47,27 @@ import * as Wire from "../kernel/Wire.js"
 import * as KernelClientModule from "../KernelClient.js"
 import { KernelClient } from "../KernelClient.js"
 import * as Protocol from "../Protocol.js"
+import { KernelError } from "../RebunoError.js"
+import * as Signature from "../Signature.js"
 import { stringifyStrict } from "../internal/json.js"
 import * as DirectClient from "./internal/directClient.js"
 import * as InMemoryHttp from "./internal/inMemoryHttp.js"
+
+/**
+ * The agent → kernel calls the kit intercepts.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type CallName = DirectClient.CallName
+
+/**
+ * The calls a crash or a lease lapse can be placed around.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type StepCallName = "submitStep" | "completeStep" | "failStep" | "completeExecution" | "failExecution"
 
 /**
  * Where a simulated crash happens. The agent's process "dies" at that point:
@@ -64,10 +89,33 @@ import * as InMemoryHttp from "./internal/inMemoryHttp.js"
 export type CrashPoint =
   | { readonly afterSteps: number }
   | {
-    readonly call: "submitStep" | "completeStep" | "failStep" | "completeExecution" | "failExecution"
+    readonly call: StepCallName
     readonly index: number
     readonly when: "before" | "after"
   }
+
+/**
+ * A transport failure between the agent and the kernel: the call fails as a
+ * connection error would (`KernelError` with reason `Transport`).
+ *
+ * - `when: "before"`: the request never reached the kernel.
+ * - `when: "after"`: the kernel processed it; the answer was lost.
+ *
+ * It hits the `index`-th (0-based, default 0) call of that kind in the first run
+ * that reaches it, and the `times - 1` calls of that kind that follow in the same
+ * run (default `times: 1`) — retries count as calls, so `times: 3` on a step
+ * complete lets the fourth try through. `getExecution` carries no lease: its
+ * index counts over the whole execution.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Fault {
+  readonly call: CallName
+  readonly index?: number | undefined
+  readonly when: "before" | "after"
+  readonly times?: number | undefined
+}
 
 /**
  * Options of {@link TestKernel.Service.run} and {@link TestKernel.Service.settle}.
@@ -76,12 +124,74 @@ export type CrashPoint =
  * @category models
  */
 export interface RunOptions {
-  /** Inject a crash into the first run that reaches this point. */
-  readonly crash?: CrashPoint | undefined
+  /** Inject a crash into the first run that reaches this point (or the first of these points). */
+  readonly crash?: CrashPoint | ReadonlyArray<CrashPoint> | undefined
+  /**
+   * Inject a lease lapse: at this point the run's process stalls (a long pause, a
+   * partition) but stays alive — its calls and heartbeats freeze, the lease lapses,
+   * and the kernel redelivers to a fresh process. When the next attempt is
+   * delivered the stalled run wakes up: its next mutation must be fenced
+   * (`lease_superseded`), which stops it.
+   */
+  readonly lapse?: CrashPoint | undefined
+  /**
+   * How the lease of a crashed or stalled run lapses: `"lease"` (default) when the
+   * lease timeout has passed on virtual time, as the kernel would; `"immediate"`
+   * at once (every in-flight lease is reclaimed and the next tick redelivers), so
+   * the rest of the run sees the same virtual time as without the fault.
+   */
+  readonly recovery?: "lease" | "immediate" | undefined
+  /** Transport failures to inject. */
+  readonly faults?: ReadonlyArray<Fault> | undefined
   /** The agent version label recorded on the execution. */
   readonly agentVersion?: string | undefined
   /** Give up after this much virtual time (default 1 hour). */
   readonly timeout?: Duration.DurationInput | undefined
+}
+
+/**
+ * One agent → kernel call, as the kit saw it.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface KernelCall {
+  /** Position in the kit's call log (all executions). */
+  readonly seq: number
+  readonly call: CallName
+  readonly executionId: string
+  /** The lease of the run that made the call (`undefined` for reads). */
+  readonly dispatchId: string | undefined
+  readonly attempt: number | undefined
+  /** The index of this call among the calls of its kind in the run (0-based). */
+  readonly index: number
+  /** The step: named by the route (complete / fail) or by the decision (submit). */
+  readonly stepId: string | undefined
+  /** Step kind, target, arguments (JSON text) and idempotency, when known. */
+  readonly kind: string | undefined
+  readonly target: string | undefined
+  readonly argsJson: string | undefined
+  readonly idempotency: "safe_to_retry" | "at_most_once" | undefined
+  /** Virtual time of the call. */
+  readonly atMs: number
+  /** Whether the kernel processed the call. */
+  readonly reached: boolean
+  /**
+   * The kernel's answer: the decision (`proceed`, `replay`, `denied`, …, or
+   * `recorded` for complete / fail), `ok` for an empty success, or the error
+   * code (`lease_superseded`, `execution_terminal`, …). `undefined` when the
+   * call never reached the kernel.
+   */
+  readonly answer: string | undefined
+  /**
+   * The length of the call log when the answer arrived: calls with a `seq` at
+   * least this were made after it (`undefined` while unanswered).
+   */
+  readonly answerSeq: number | undefined
+  /** Whether the answer reached the agent (not lost to a crash or a fault). */
+  readonly delivered: boolean
+  /** What the kit injected at this call. */
+  readonly injected: "crash" | "lapse" | "fault" | undefined
 }
 
 /**
@@ -105,6 +215,12 @@ export interface RunResult {
   readonly approvals: ReadonlyArray<Protocol.Approval>
   /** How many webhook deliveries (runs) the execution took. */
   readonly deliveries: number
+  /** The agent → kernel calls of the execution, in order. */
+  readonly calls: ReadonlyArray<KernelCall>
+  /** Whether an injected crash fired. */
+  readonly crashed: boolean
+  /** Whether an injected lease lapse fired. */
+  readonly lapsed: boolean
 }
 
 /**
@@ -123,6 +239,7 @@ export interface Options<R = never> {
   /**
    * `"direct"` (default) calls the core without serialising; `"http"` sends the
    * exact signed bytes through the kernel's routes in-process, as over a socket.
+   * Both retry the calls PROTOCOL.md 15.1 declares safe; faults work with both.
    */
   readonly transport?: "direct" | "http" | undefined
   /** The agent secret used for every agent (default `"test-secret"`). */
@@ -154,7 +271,10 @@ export declare namespace TestKernel {
     ) => Effect.Effect<string, Core.KernelFailure>
     /**
      * Drive the kernel (ticks, deliveries, virtual time for heartbeats, backoff
-     * and lease expiry) until the execution is terminal or blocked on an approval.
+     * and lease expiry) until the execution is terminal or blocked on an approval
+     * and no run is in progress. Dispatcher ticks happen on a 2 s grid of virtual
+     * time from the start of the call (and at once after an enqueue), as the
+     * embedded kernel's loop would; idle stretches are skipped in one step.
      */
     readonly settle: (executionId: string, options?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure>
     /** Create an execution of a registered agent and settle it. */
@@ -165,8 +285,36 @@ export declare namespace TestKernel {
     ) => Effect.Effect<RunResult, Core.KernelFailure>
     /** Arrange a crash in the next run of an execution that reaches the point. */
     readonly crash: (executionId: string, point: CrashPoint) => Effect.Effect<void>
+    /** Arrange a transport failure for an execution's calls. */
+    readonly fault: (executionId: string, fault: Fault) => Effect.Effect<void>
     /** Simulate a restart of an agent's process: its runs die, a fresh runtime serves it. */
     readonly restart: (agentId: string) => Effect.Effect<void>
+    /**
+     * Start a second process for an agent: new deliveries go to it, while the runs
+     * of the previous process carry on (heartbeats included) — a zombie worker
+     * on the other side of a partition. Its runs are fenced by the kernel once
+     * their lease is superseded.
+     */
+    readonly partition: (agentId: string) => Effect.Effect<void>
+    /**
+     * The agent's webhook fails (as a `500` answer would) without starting a run,
+     * for the next `times` deliveries (default: all, until called again with `times: 0`).
+     */
+    readonly failWebhooks: (agentId: string, options?: { readonly times?: number | undefined }) => Effect.Effect<void>
+    /**
+     * Send a signed webhook for an execution straight to its agent's runtime, as
+     * the kernel would (for duplicate, stale or out-of-order deliveries). The
+     * dispatch defaults to the execution's latest one, the attempt to its current
+     * attempt. Returns the HTTP status the agent answered.
+     */
+    readonly webhook: (
+      executionId: string,
+      notice?: {
+        readonly dispatchId?: string | undefined
+        readonly attempt?: number | undefined
+        readonly leaseTimeoutSeconds?: number | undefined
+      }
+    ) => Effect.Effect<number, Core.KernelFailure>
     /** Run one dispatcher tick (reclaim, expiry sweeps, claim, deliver). */
     readonly tick: Effect.Effect<void>
     /** Reclaim every in-flight lease now. */
@@ -179,6 +327,10 @@ export declare namespace TestKernel {
     readonly steps: (executionId: string) => Effect.Effect<ReadonlyArray<Protocol.Step>>
     /** The execution's whole event log. */
     readonly events: (executionId: string) => Effect.Effect<ReadonlyArray<Protocol.Event>>
+    /** The agent → kernel calls made so far (all executions, or one), in order. */
+    readonly calls: (executionId?: string) => Effect.Effect<ReadonlyArray<KernelCall>>
+    /** Runs in progress in the agents' processes. */
+    readonly activeRuns: Effect.Effect<number>
     /** Pending approvals (all executions, or one). */
     readonly approvals: (executionId?: string) => Effect.Effect<ReadonlyArray<Protocol.Approval>>
     /** Grant an approval as `decidedBy` (default `""`). */
@@ -195,7 +347,7 @@ export declare namespace TestKernel {
     readonly cancel: (executionId: string) => Effect.Effect<void, Core.KernelFailure>
     /** Load (or with `""` remove) an agent's policy bundle. */
     readonly loadPolicy: (agentId: string, bundle: string) => Effect.Effect<void, Core.KernelFailure>
-    /** Webhook deliveries made so far, per execution. */
+    /** Webhook deliveries (runs started) so far, per execution. */
     readonly deliveries: (executionId: string) => Effect.Effect<number>
     /** An `HttpClient` that answers from this kernel's routes in-process. */
     readonly httpClient: HttpClient.HttpClient
@@ -213,21 +365,99 @@ export class TestKernel extends Context.Tag("effect-rebuno/testing/TestKernel")<
 /** The base URL the in-process clients use; never dialled. */
 const inProcessUrl = "http://test-kernel.invalid"
 
+/** One process serving an agent. */
+interface Process {
+  readonly scope: Scope.CloseableScope
+  readonly runtime: Agent.AgentRuntime
+}
+
 interface Served {
-  scope: Scope.CloseableScope
-  runtime: Agent.AgentRuntime
+  current: Process
   readonly rebuild: Effect.Effect<Agent.AgentRuntime, never, Scope.Scope>
 }
 
 interface CrashPlan {
-  readonly point: CrashPoint
+  readonly points: ReadonlyArray<CrashPoint>
+  readonly recovery: "lease" | "immediate"
   fired: boolean
+}
+
+interface LapsePlan {
+  readonly point: CrashPoint
+  readonly recovery: "lease" | "immediate"
+  fired: boolean
+}
+
+/** A stalled run: every call of its lease waits for `release`. */
+interface Stall {
+  readonly executionId: string
+  readonly release: Deferred.Deferred<void>
+  released: boolean
+}
+
+interface FaultPlan {
+  readonly fault: Fault
+  remaining: number
+  /** The run (lease key) the fault is bound to once it first fired. */
+  key: string | undefined
+}
+
+interface CallRecord {
+  seq: number
+  call: CallName
+  executionId: string
+  dispatchId: string | undefined
+  attempt: number | undefined
+  index: number
+  stepId: string | undefined
+  kind: string | undefined
+  target: string | undefined
+  argsJson: string | undefined
+  idempotency: "safe_to_retry" | "at_most_once" | undefined
+  atMs: number
+  reached: boolean
+  answer: string | undefined
+  answerSeq: number | undefined
+  delivered: boolean
+  injected: "crash" | "lapse" | "fault" | undefined
+  /** Internal: lose the answer (fault `after`). */
+  loseAnswer: boolean
+  /** Internal: the run's key for counting. */
+  key: string
 }
 
 const leaseKey = (executionId: string, lease: KernelClientModule.Lease): string =>
   `${executionId}/${lease.dispatchId}/${lease.attempt ?? "?"}`
 
 const encoder = new TextEncoder()
+
+const injectedFailure = (when: "before" | "after") =>
+  new KernelError({
+    reason: "Transport",
+    description: when === "before" ?
+      "injected transport failure: the kernel is unreachable" :
+      "injected transport failure: the connection dropped before the answer arrived"
+  })
+
+const snapshot = (r: CallRecord): KernelCall => ({
+  seq: r.seq,
+  call: r.call,
+  executionId: r.executionId,
+  dispatchId: r.dispatchId,
+  attempt: r.attempt,
+  index: r.index,
+  stepId: r.stepId,
+  kind: r.kind,
+  target: r.target,
+  argsJson: r.argsJson,
+  idempotency: r.idempotency,
+  atMs: r.atMs,
+  reached: r.reached,
+  answer: r.answer,
+  answerSeq: r.answerSeq,
+  delivered: r.delivered,
+  injected: r.injected
+})
 
 /**
  * Build a test kernel in the current scope. Prefer {@link layer}.
@@ -248,33 +478,71 @@ export const make = <R = never>(
     const routes = Routes.make(core)
     const httpClient = InMemoryHttp.make(routes)
     const served = new Map<string, Served>()
+    /** Processes cut off from new deliveries (stalled or partitioned) whose runs may still be alive. */
+    const zombies: Array<Process & { readonly stall: Stall | undefined }> = []
     const crashPlans = new Map<string, CrashPlan>()
+    const lapsePlans = new Map<string, LapsePlan>()
+    const faultPlans = new Map<string, Array<FaultPlan>>()
+    const stalls = new Map<string, Stall>()
     const callCounts = new Map<string, Map<string, number>>()
     const deliveryCounts = new Map<string, number>()
+    const webhookFailures = new Map<string, { remaining: number }>()
+    /** Executions whose crashed or stalled run asked for an immediate lease lapse. */
+    const expiryRequested = new Set<string>()
+    const callLog: Array<CallRecord> = []
+    const callsByExecution = new Map<string, Array<CallRecord>>()
+    const pendingCalls = new Map<number, CallRecord>()
+    const stepInfo = new Map<string, { kind: string; target: string; idempotency: "safe_to_retry" | "at_most_once" }>()
     let progress = 0
+    /** Agent → kernel calls in flight (signing included), minus those parked by a stall. */
+    let inFlight = 0
+
+    /** Cut the agent's process off from new deliveries (its runs carry on) and start a fresh one. */
+    const detach = (agentId: string, stall: Stall | undefined): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        const entry = served.get(agentId)
+        if (entry === undefined) return
+        const old = entry.current
+        const scope = yield* Scope.make()
+        entry.current = { scope, runtime: yield* Scope.extend(entry.rebuild, scope) }
+        zombies.push({ ...old, stall })
+      })
 
     const restart = (agentId: string): Effect.Effect<void> =>
       Effect.gen(function*() {
         const entry = served.get(agentId)
         if (entry === undefined) return
-        const old = entry.scope
-        entry.scope = yield* Scope.make()
-        entry.runtime = yield* Scope.extend(entry.rebuild, entry.scope)
-        yield* Scope.close(old, Exit.void)
+        const old = entry.current
+        const scope = yield* Scope.make()
+        entry.current = { scope, runtime: yield* Scope.extend(entry.rebuild, scope) }
+        yield* Scope.close(old.scope, Exit.void)
       })
 
     /** The process dies here: restart the agent from a daemon fiber and never return. */
-    const crashNow = (executionId: string): Effect.Effect<void> =>
+    const crashNow = (executionId: string, agentId: string, recovery: "lease" | "immediate"): Effect.Effect<never> =>
       Effect.gen(function*() {
-        const record = yield* Effect.orDie(core.getExecution(executionId))
-        yield* Effect.forkDaemon(restart(record.agentId))
+        if (recovery === "immediate") expiryRequested.add(executionId)
+        yield* Effect.forkDaemon(restart(agentId))
         // A dead process makes no progress, even inside an uninterruptible region
         // of the run (e.g. recording an outcome): let the restart interrupt it.
         return yield* Effect.interruptible(Effect.never)
       })
 
-    const countCall = (call: string, caller: KernelClientModule.Caller, executionId: string): number => {
-      const key = leaseKey(executionId, caller.lease)
+    /** The process stalls here: cut it off from new deliveries and wait until the next attempt wakes it up. */
+    const stallNow = (record: CallRecord, agentId: string, recovery: "lease" | "immediate"): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        const release = yield* Deferred.make<void>()
+        const stall: Stall = { executionId: record.executionId, release, released: false }
+        yield* detach(agentId, stall)
+        stalls.set(record.key, stall)
+        if (recovery === "immediate") expiryRequested.add(record.executionId)
+        yield* parked(Deferred.await(release))
+      })
+
+    const parked = <A, E>(effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+      Effect.acquireUseRelease(Effect.sync(() => void inFlight--), () => effect, () => Effect.sync(() => void inFlight++))
+
+    const countCall = (call: string, key: string): number => {
       let counts = callCounts.get(key)
       if (counts === undefined) {
         counts = new Map()
@@ -285,61 +553,193 @@ export const make = <R = never>(
       return n
     }
 
+    const matches = (point: CrashPoint, record: CallRecord, when: "before" | "after"): boolean => {
+      if ("afterSteps" in point) {
+        if (when !== "after" || (record.call !== "completeStep" && record.call !== "failStep")) return false
+        const counts = callCounts.get(record.key)
+        return (counts?.get("completeStep") ?? 0) + (counts?.get("failStep") ?? 0) >= point.afterSteps
+      }
+      return point.call === record.call && point.index === record.index && point.when === when
+    }
+
     const interceptor: DirectClient.Interceptor = {
-      before: (call, caller, executionId) =>
-        Effect.suspend(() => {
+      before: (info) =>
+        Effect.gen(function*() {
           progress++
-          const plan = crashPlans.get(executionId)
-          const index = countCall(call, caller, executionId)
-          if (plan === undefined || plan.fired || !("call" in plan.point)) return Effect.void
-          if (plan.point.call === call && plan.point.index === index && plan.point.when === "before") {
-            plan.fired = true
-            return crashNow(executionId)
+          const now = yield* Clock.currentTimeMillis
+          const key = info.lease === undefined ? `${info.executionId}/read` : leaseKey(info.executionId, info.lease)
+          const step = info.stepId === undefined ? undefined : stepInfo.get(info.stepId)
+          const record: CallRecord = {
+            seq: callLog.length,
+            call: info.call,
+            executionId: info.executionId,
+            dispatchId: info.lease?.dispatchId,
+            attempt: info.lease?.attempt,
+            index: countCall(info.call, key),
+            stepId: info.stepId,
+            kind: info.submission?.kind ?? step?.kind,
+            target: info.submission?.target ?? step?.target,
+            argsJson: info.submission?.argsJson,
+            idempotency: info.submission?.idempotency ?? step?.idempotency,
+            atMs: now,
+            reached: false,
+            answer: undefined,
+            answerSeq: undefined,
+            delivered: false,
+            injected: undefined,
+            loseAnswer: false,
+            key
           }
-          return Effect.void
+          callLog.push(record)
+          let list = callsByExecution.get(info.executionId)
+          if (list === undefined) {
+            list = []
+            callsByExecution.set(info.executionId, list)
+          }
+          list.push(record)
+          pendingCalls.set(record.seq, record)
+
+          // A stalled run makes no call until it wakes up.
+          const stall = stalls.get(key)
+          if (stall !== undefined && !stall.released) yield* parked(Deferred.await(stall.release))
+
+          const crash = crashPlans.get(info.executionId)
+          if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "before"))) {
+            crash.fired = true
+            record.injected = "crash"
+            return yield* crashNow(info.executionId, info.agentId, crash.recovery)
+          }
+          const lapse = lapsePlans.get(info.executionId)
+          if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "before")) {
+            lapse.fired = true
+            record.injected = "lapse"
+            yield* stallNow(record, info.agentId, lapse.recovery)
+          }
+          for (const plan of faultPlans.get(info.executionId) ?? []) {
+            if (plan.remaining <= 0 || plan.fault.call !== info.call) continue
+            if (plan.key === undefined) {
+              if (record.index !== (plan.fault.index ?? 0)) continue
+              plan.key = key
+            } else if (plan.key !== key) {
+              continue
+            }
+            plan.remaining--
+            record.injected = "fault"
+            if (plan.fault.when === "before") {
+              pendingCalls.delete(record.seq)
+              return yield* injectedFailure("before")
+            }
+            record.loseAnswer = true
+            break
+          }
+          return record.seq
         }),
-      after: (call, caller, executionId) =>
-        Effect.suspend(() => {
+      after: (id, answer) =>
+        Effect.gen(function*() {
           progress++
-          const plan = crashPlans.get(executionId)
-          if (plan === undefined || plan.fired) return Effect.void
-          const counts = callCounts.get(leaseKey(executionId, caller.lease))
-          const index = (counts?.get(call) ?? 1) - 1
-          const point = plan.point
-          if ("afterSteps" in point) {
-            if (call !== "completeStep" && call !== "failStep") return Effect.void
-            const outcomes = (counts?.get("completeStep") ?? 0) + (counts?.get("failStep") ?? 0)
-            if (outcomes < point.afterSteps) return Effect.void
-          } else if (point.call !== call || point.index !== index || point.when !== "after") {
-            return Effect.void
+          const record = pendingCalls.get(id)
+          if (record === undefined) return
+          pendingCalls.delete(id)
+          record.reached = true
+          record.answer = answer.answer
+          record.answerSeq = callLog.length
+          if (record.stepId === undefined && answer.stepId !== undefined) {
+            record.stepId = answer.stepId
+            if (record.kind !== undefined && record.target !== undefined && record.idempotency !== undefined) {
+              stepInfo.set(answer.stepId, { kind: record.kind, target: record.target, idempotency: record.idempotency })
+            }
           }
-          plan.fired = true
-          return crashNow(executionId)
+          const crash = crashPlans.get(record.executionId)
+          if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "after"))) {
+            crash.fired = true
+            record.injected = "crash"
+            const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
+            return yield* crashNow(record.executionId, agentId, crash.recovery)
+          }
+          const lapse = lapsePlans.get(record.executionId)
+          if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "after")) {
+            lapse.fired = true
+            record.injected = "lapse"
+            const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
+            yield* stallNow(record, agentId, lapse.recovery)
+          }
+          if (record.loseAnswer) return yield* injectedFailure("after")
+          record.delivered = true
         })
     }
 
-    const direct = DirectClient.make(core, secret, interceptor)
-    const kernelClient: KernelClient["Type"] = options.transport === "http"
-      ? yield* KernelClientModule.make({ baseUrl: inProcessUrl, secret }).pipe(
-        Effect.provideService(HttpClient.HttpClient, httpClient),
-        Effect.orDie
+    /** Count calls in flight, so settling does not move time while a call is being signed or answered. */
+    const tracked = <A, E>(effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+      Effect.acquireUseRelease(
+        Effect.sync(() => {
+          inFlight++
+          progress++
+        }),
+        () => effect,
+        () =>
+          Effect.sync(() => {
+            inFlight--
+            progress++
+          })
       )
-      : direct
+
+    const trackedClient = (service: KernelClient["Type"]): KernelClient["Type"] => ({
+      secret: service.secret,
+      getExecution: (caller, executionId) => tracked(service.getExecution(caller, executionId)),
+      submitStep: (caller, executionId, s) => tracked(service.submitStep(caller, executionId, s)),
+      completeStep: (caller, executionId, stepId, result) =>
+        tracked(service.completeStep(caller, executionId, stepId, result)),
+      failStep: (caller, executionId, stepId, message) => tracked(service.failStep(caller, executionId, stepId, message)),
+      failStepJson: (caller, executionId, stepId, error) =>
+        tracked(service.failStepJson(caller, executionId, stepId, error)),
+      publishDelta: service.publishDelta,
+      heartbeat: (caller, executionId) => tracked(service.heartbeat(caller, executionId)),
+      completeExecution: (caller, executionId, output) =>
+        tracked(service.completeExecution(caller, executionId, output)),
+      failExecution: (caller, executionId, reason) => tracked(service.failExecution(caller, executionId, reason))
+    })
+
+    const kernelClient: KernelClient["Type"] = trackedClient(
+      options.transport === "http"
+        ? yield* KernelClientModule.make({ baseUrl: inProcessUrl, secret }).pipe(
+          Effect.provideService(HttpClient.HttpClient, InMemoryHttp.make(routes, interceptor)),
+          Effect.orDie
+        )
+        : DirectClient.make(core, secret, interceptor)
+    )
 
     const client = yield* Client.make({ baseUrl: inProcessUrl }).pipe(
       Effect.provideService(HttpClient.HttpClient, httpClient),
       Effect.orDie
     )
 
+    /** Let forked fibers and pending promises (Web Crypto) make progress. */
+    const yieldRound = Effect.zipRight(
+      Effect.repeatN(Effect.yieldNow(), 4),
+      Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+    )
+
     const deliver: Dispatcher.Deliver = (claim, body, signature) =>
-      Effect.suspend(() => {
+      Effect.gen(function*() {
+        // A run stalled on an older attempt of this execution wakes up now; its lease is gone.
+        let woke = false
+        for (const stall of stalls.values()) {
+          if (stall.executionId !== claim.executionId || stall.released) continue
+          stall.released = true
+          woke = true
+          yield* Deferred.succeed(stall.release, undefined)
+        }
+        if (woke) yield* Effect.repeatN(yieldRound, 2)
+        const failing = webhookFailures.get(claim.agent.id)
+        if (failing !== undefined && failing.remaining > 0) {
+          failing.remaining--
+          return false
+        }
         const entry = served.get(claim.agent.id)
-        if (entry === undefined) return Effect.succeed(false)
+        if (entry === undefined) return false
         deliveryCounts.set(claim.executionId, (deliveryCounts.get(claim.executionId) ?? 0) + 1)
-        return Effect.map(
-          entry.runtime.handleWebhook({ body: encoder.encode(body), signature }),
-          (status) => status >= 200 && status < 300
-        )
+        const status = yield* entry.current.runtime.handleWebhook({ body: encoder.encode(body), signature })
+        return status >= 200 && status < 300
       })
 
     const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
@@ -363,14 +763,22 @@ export const make = <R = never>(
           Effect.provide(context)
         ) as Effect.Effect<Agent.AgentRuntime, never, Scope.Scope>
         const existing = served.get(agent.id)
-        if (existing !== undefined) yield* Scope.close(existing.scope, Exit.void)
+        if (existing !== undefined) yield* Scope.close(existing.current.scope, Exit.void)
         const scope = yield* Scope.make()
         const runtime = yield* Scope.extend(rebuild, scope)
-        served.set(agent.id, { scope, runtime, rebuild })
+        served.set(agent.id, { current: { scope, runtime }, rebuild })
       })
 
     yield* Effect.addFinalizer(() =>
-      Effect.forEach(served.values(), (entry) => Scope.close(entry.scope, Exit.void), { discard: true })
+      Effect.gen(function*() {
+        for (const stall of stalls.values()) {
+          if (!stall.released) yield* Deferred.interrupt(stall.release)
+        }
+        yield* Effect.forEach(zombies, (process) => Scope.close(process.scope, Exit.void), { discard: true })
+        yield* Effect.forEach(served.values(), (entry) => Scope.close(entry.current.scope, Exit.void), {
+          discard: true
+        })
+      })
     )
 
     const create = (
@@ -399,39 +807,71 @@ export const make = <R = never>(
         return record.id
       })
 
-    const activeRuns = Effect.map(
-      Effect.forEach(Arr.fromIterable(served.values()), (entry) => entry.runtime.activeRuns),
-      Arr.reduce(0, (a, b) => a + b)
+    /** Runs of the current processes, and of cut-off processes that are awake (a frozen one is not waited for). */
+    const activeRuns = Effect.suspend(() =>
+      Effect.map(
+        Effect.forEach(
+          [
+            ...Arr.map(Arr.fromIterable(served.values()), (entry) => entry.current.runtime),
+            ...zombies.filter((z) => z.stall === undefined || z.stall.released).map((z) => z.runtime)
+          ],
+          (runtime) => runtime.activeRuns
+        ),
+        Arr.reduce(0, (a, b) => a + b)
+      )
     )
 
-    /** Let forked fibers and pending promises (Web Crypto) make progress. */
-    const yieldRound = Effect.zipRight(
-      Effect.repeatN(Effect.yieldNow(), 4),
-      Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
-    )
-
-    /** Wait for the runs in progress to end, moving virtual time while they only wait on it. */
-    const drainRuns = (deadline: number) =>
-      Effect.gen(function*() {
-        let idleRounds = 0
-        while (true) {
-          const before = progress
-          yield* yieldRound
-          if ((yield* activeRuns) === 0) return
-          if (progress !== before) {
-            idleRounds = 0
-            continue
-          }
-          idleRounds++
-          if (idleRounds < 3) continue
-          idleRounds = 0
-          const sleeps = yield* TestClock.sleeps()
-          const now = yield* Clock.currentTimeMillis
-          if (now >= deadline) return
-          const next = Chunk.isEmpty(sleeps) ? now + 1_000 : Math.min(...Chunk.toReadonlyArray(sleeps))
-          yield* TestClock.adjust(Duration.millis(Math.max(1, Math.min(next, deadline) - now)))
+    /** Yield until nothing moves: no call made or answered for a few rounds (longer while calls are in flight). */
+    const drain = Effect.gen(function*() {
+      let idle = 0
+      while (true) {
+        const before = progress
+        yield* yieldRound
+        if (progress !== before) {
+          idle = 0
+          continue
         }
+        if (inFlight <= 0 && (yield* activeRuns) === 0) return
+        idle++
+        if (idle >= (inFlight > 0 ? 24 : 3)) return
+      }
+    })
+
+    const leaseTimeoutOf = (executionId: string): Effect.Effect<number> =>
+      Effect.gen(function*() {
+        const execution = yield* Effect.option(core.getExecution(executionId))
+        if (Option.isNone(execution)) return core.settings.leaseTimeoutMs
+        const agent = yield* Effect.option(core.getAgent(execution.value.agentId))
+        return Option.isSome(agent) && agent.value.leaseTimeoutMs !== undefined ?
+          agent.value.leaseTimeoutMs :
+          core.settings.leaseTimeoutMs
       })
+
+    /** The earliest virtual time at which a tick would have something to do (`Infinity` if never). */
+    const kernelDue = (now: number): Effect.Effect<number> =>
+      Effect.gen(function*() {
+        let due = Infinity
+        for (const d of yield* core.dispatches()) {
+          if (d.status === "pending" || d.status === "failed") {
+            due = Math.min(due, d.nextAttemptAtMs)
+          } else if (d.status === "in_flight" && d.lockedAtMs !== undefined) {
+            due = Math.min(due, d.lockedAtMs + (yield* leaseTimeoutOf(d.executionId)) + 1)
+          }
+        }
+        for (const approval of yield* core.listApprovals()) due = Math.min(due, approval.timeoutAtMs)
+        if (core.settings.deadlineMs !== undefined) due = Math.min(due, now + 1)
+        return due
+      })
+
+    /** A dispatch enqueued since the last tick: the kernel's loop would tick at once. */
+    const freshlyEnqueued = (now: number): Effect.Effect<boolean> =>
+      Effect.map(
+        core.dispatches(),
+        (list) => list.some((d) => d.status === "pending" && d.attempt === 0 && d.nextAttemptAtMs <= now)
+      )
+
+    const executionCalls = (executionId: string): ReadonlyArray<KernelCall> =>
+      (callsByExecution.get(executionId) ?? []).map(snapshot)
 
     const toResult = (executionId: string): Effect.Effect<RunResult, Core.KernelFailure> =>
       Effect.gen(function*() {
@@ -445,24 +885,70 @@ export const make = <R = never>(
           steps: yield* steps(executionId),
           events: yield* events(executionId),
           approvals: yield* approvals(executionId),
-          deliveries: deliveryCounts.get(executionId) ?? 0
+          deliveries: deliveryCounts.get(executionId) ?? 0,
+          calls: executionCalls(executionId),
+          crashed: crashPlans.get(executionId)?.fired ?? false,
+          lapsed: lapsePlans.get(executionId)?.fired ?? false
         }
       })
 
+    const arm = (executionId: string, runOptions: RunOptions | undefined): void => {
+      const recovery = runOptions?.recovery ?? "lease"
+      const crash = runOptions?.crash
+      if (crash !== undefined) {
+        const points: ReadonlyArray<CrashPoint> = Array.isArray(crash) ? crash : [crash as CrashPoint]
+        crashPlans.set(executionId, { points, recovery, fired: false })
+      }
+      if (runOptions?.lapse !== undefined) {
+        lapsePlans.set(executionId, { point: runOptions.lapse, recovery, fired: false })
+      }
+      for (const fault of runOptions?.faults ?? []) addFault(executionId, fault)
+    }
+
+    const addFault = (executionId: string, fault: Fault): void => {
+      let list = faultPlans.get(executionId)
+      if (list === undefined) {
+        list = []
+        faultPlans.set(executionId, list)
+      }
+      list.push({ fault, remaining: Math.max(0, fault.times ?? 1), key: undefined })
+    }
+
     const settle = (executionId: string, runOptions?: RunOptions): Effect.Effect<RunResult, Core.KernelFailure> =>
       Effect.gen(function*() {
-        if (runOptions?.crash !== undefined) crashPlans.set(executionId, { point: runOptions.crash, fired: false })
+        arm(executionId, runOptions)
+        const tickMs = Dispatcher.defaults.tickIntervalMs
         const start = yield* Clock.currentTimeMillis
         const deadline = start + Duration.toMillis(Duration.decode(runOptions?.timeout ?? Duration.hours(1)))
+        let lastTick: number | undefined
         while (true) {
-          yield* dispatcher.tick
-          yield* drainRuns(deadline)
-          const record = yield* core.getExecution(executionId)
-          if (Protocol.isTerminalStatus(record.status) || record.status === "blocked") break
           const now = yield* Clock.currentTimeMillis
-          if (now >= deadline) break
-          // Nothing is running: wait for a backoff or a lease to lapse, one tick at a time.
-          yield* TestClock.adjust(Duration.millis(Dispatcher.defaults.tickIntervalMs))
+          let tickNow = ((now - start) % tickMs === 0 && lastTick !== now) || (yield* freshlyEnqueued(now))
+          if (expiryRequested.size > 0) {
+            // A crashed or stalled run asked for its lease to lapse at once.
+            expiryRequested.clear()
+            yield* core.expireLeases()
+            tickNow = true
+          }
+          if (tickNow) {
+            lastTick = now
+            yield* dispatcher.tick
+          }
+          yield* drain
+          if (expiryRequested.size > 0) continue
+          const record = yield* core.getExecution(executionId)
+          const settled = Protocol.isTerminalStatus(record.status) || record.status === "blocked"
+          if (settled && (yield* activeRuns) === 0) break
+          const current = yield* Clock.currentTimeMillis
+          if (current >= deadline) break
+          // Move virtual time to the next thing that can happen: a sleep ending, or a
+          // tick (on the 2 s grid) with kernel work due.
+          const due = yield* kernelDue(current)
+          const gridAfter = (t: number) => start + Math.ceil((Math.max(t, current + 1) - start) / tickMs) * tickMs
+          const sleeps = Chunk.toReadonlyArray(yield* TestClock.sleeps()).filter((t) => t > current)
+          let next = Math.min(Number.isFinite(due) ? gridAfter(due) : Infinity, ...sleeps)
+          if (!Number.isFinite(next)) next = gridAfter(current + 1)
+          yield* TestClock.adjust(Duration.millis(Math.min(next, deadline) - current))
         }
         return yield* toResult(executionId)
       })
@@ -491,6 +977,33 @@ export const make = <R = never>(
             .map((a) => DirectClient.fromWire(Protocol.Approval, Wire.encodeApproval(a)))
       )
 
+    const webhook: TestKernel.Service["webhook"] = (executionId, notice) =>
+      Effect.gen(function*() {
+        const record = yield* core.getExecution(executionId)
+        const dispatches = yield* core.dispatches(executionId)
+        const dispatch = notice?.dispatchId === undefined ?
+          dispatches[dispatches.length - 1] :
+          dispatches.find((d) => d.id === notice.dispatchId)
+        const dispatchId = notice?.dispatchId ?? dispatch?.id
+        if (dispatchId === undefined) {
+          return yield* new Core.KernelFailure({ status: 404, code: "not_found", message: "no dispatch to deliver" })
+        }
+        const agent = yield* core.getAgent(record.agentId)
+        const body = Wire.encodeWebhookBody({
+          dispatchId,
+          executionId,
+          attempt: notice?.attempt ?? Math.max(1, dispatch?.attempt ?? 1),
+          agent,
+          leaseTimeoutSeconds: notice?.leaseTimeoutSeconds ?? (yield* leaseTimeoutOf(executionId)) / 1000
+        })
+        const entry = served.get(record.agentId)
+        if (entry === undefined) {
+          return yield* new Core.KernelFailure({ status: 404, code: "not_found", message: "agent not served" })
+        }
+        const signature = yield* Signature.sign(agent.secret, body)
+        return yield* entry.current.runtime.handleWebhook({ body: encoder.encode(body), signature })
+      })
+
     const kernel: TestKernel.Service = {
       core,
       register,
@@ -501,14 +1014,25 @@ export const make = <R = never>(
           create(typeof agent === "string" ? agent : agent.id, input, { agentVersion: runOptions?.agentVersion }),
           (id) => settle(id, runOptions)
         ),
-      crash: (executionId, point) => Effect.sync(() => void crashPlans.set(executionId, { point, fired: false })),
+      crash: (executionId, point) =>
+        Effect.sync(() => void crashPlans.set(executionId, { points: [point], recovery: "lease", fired: false })),
+      fault: (executionId, fault) => Effect.sync(() => addFault(executionId, fault)),
       restart,
+      partition: (agentId) => detach(agentId, undefined),
+      failWebhooks: (agentId, failOptions) =>
+        Effect.sync(() =>
+          void webhookFailures.set(agentId, { remaining: failOptions?.times ?? Infinity })
+        ),
+      webhook,
       tick: dispatcher.tick,
       expireLeases: core.expireLeases(),
       expireApprovals: core.expireApprovals(),
       execution: getExecution,
       steps,
       events,
+      calls: (executionId) =>
+        Effect.sync(() => executionId === undefined ? callLog.map(snapshot) : executionCalls(executionId)),
+      activeRuns,
       approvals,
       grant: (approvalId, decision) =>
         core.grantApproval(approvalId, { decidedBy: decision?.decidedBy ?? "", rationale: decision?.rationale ?? "" }),

@@ -1,7 +1,11 @@
 /**
  * An `HttpClient` that answers from the embedded kernel's routes in-process:
  * the exact request bytes go through the same checks, encoders and status codes
- * as over a socket, without a socket.
+ * as over a socket, without a socket. Given an interceptor, the agent routes
+ * (read execution, submit / complete / fail step, heartbeat, complete / fail
+ * execution) pass through the same hooks as the direct client, so crashes,
+ * stalls and transport faults can be injected on the wire too: a fault makes
+ * the request fail as a connection error would.
  *
  * @since 0.1.0
  * @internal
@@ -10,6 +14,9 @@ import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platfor
 import type { HttpClientRequest } from "@effect/platform"
 import { Effect, Stream } from "effect"
 import type * as Routes from "../../kernel/Routes.js"
+import type { StepSubmission } from "../../KernelClient.js"
+import type { KernelError } from "../../RebunoError.js"
+import type { CallAnswer, CallInfo, CallName, Interceptor } from "./directClient.js"
 
 const emptyBody = new Uint8Array(0)
 
@@ -46,14 +53,99 @@ const requestBody = (
   }
 }
 
+const decoder = new TextDecoder()
+
+const parseJson = (text: string): unknown => {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
+  }
+}
+
+const AGENT_ROUTE = /^\/v0\/executions\/([^/]+)(?:\/(steps(?:\/([^/]+)\/(complete|fail))?|heartbeat|complete|fail))?$/
+
+/** Which agent call a request is, if any (only requests that carry an agent id). */
+const describe = (
+  method: string,
+  pathname: string,
+  header: (name: string) => string | undefined,
+  body: Uint8Array
+): CallInfo | undefined => {
+  const agentId = header("rebuno-agent-id")
+  if (agentId === undefined) return undefined
+  const match = AGENT_ROUTE.exec(pathname)
+  if (match === null) return undefined
+  const executionId = match[1]!
+  const tail = match[2]
+  let call: CallName
+  let stepId: string | undefined
+  let submission: StepSubmission | undefined
+  if (tail === undefined) {
+    if (method !== "GET") return undefined
+    call = "getExecution"
+  } else if (method !== "POST") {
+    return undefined
+  } else if (tail === "steps") {
+    call = "submitStep"
+    const parsed = parseJson(decoder.decode(body)) as Record<string, unknown> | undefined
+    if (parsed === undefined || parsed === null || typeof parsed !== "object") return undefined
+    submission = {
+      kind: String(parsed["kind"]),
+      target: String(parsed["target"]),
+      argsJson: JSON.stringify(parsed["args"] ?? null),
+      idempotency: parsed["idempotency"] === "at_most_once" ? "at_most_once" : "safe_to_retry"
+    }
+  } else if (match[3] !== undefined) {
+    call = match[4] === "complete" ? "completeStep" : "failStep"
+    stepId = match[3]
+  } else {
+    call = tail === "heartbeat" ? "heartbeat" : tail === "complete" ? "completeExecution" : "failExecution"
+  }
+  const dispatchId = header("rebuno-dispatch-id")
+  const attempt = header("rebuno-dispatch-attempt")
+  return {
+    call,
+    agentId,
+    lease: dispatchId === undefined ?
+      undefined :
+      { dispatchId, attempt: attempt === undefined ? undefined : Number(attempt) },
+    executionId,
+    stepId,
+    submission
+  }
+}
+
+const answerOfResponse = (response: Routes.KernelResponse): CallAnswer => {
+  const text = typeof response.body === "string"
+    ? response.body
+    : response.body instanceof Uint8Array
+    ? decoder.decode(response.body)
+    : ""
+  const parsed = parseJson(text) as Record<string, unknown> | undefined
+  if (response.status < 300) {
+    if (parsed !== undefined && parsed !== null && typeof parsed === "object" && typeof parsed["decision"] === "string") {
+      return {
+        answer: parsed["decision"],
+        stepId: typeof parsed["step_id"] === "string" ? parsed["step_id"] : undefined
+      }
+    }
+    return { answer: "ok", stepId: undefined }
+  }
+  const code = parsed !== undefined && parsed !== null && typeof parsed === "object" ? parsed["code"] : undefined
+  return { answer: typeof code === "string" ? code : `http_${response.status}`, stepId: undefined }
+}
+
 /**
- * Build an `HttpClient` over a routes handler.
+ * Build an `HttpClient` over a routes handler, optionally intercepting the
+ * agent's calls.
  *
  * @since 0.1.0
  * @internal
  */
 export const make = (
-  handle: (request: Routes.KernelRequest) => Effect.Effect<Routes.KernelResponse>
+  handle: (request: Routes.KernelRequest) => Effect.Effect<Routes.KernelResponse>,
+  interceptor?: Interceptor
 ): HttpClient.HttpClient =>
   HttpClient.make((request, url) =>
     Effect.gen(function*() {
@@ -62,7 +154,18 @@ export const make = (
         const value = request.headers[name.toLowerCase()]
         return value === undefined ? [] : [value]
       }
+      const lost = (error: KernelError) =>
+        new HttpClientError.RequestError({ request, reason: "Transport", description: error.description })
+      const info = interceptor === undefined ?
+        undefined :
+        describe(request.method, url.pathname, (name) => request.headers[name], body)
+      const id = info === undefined || interceptor === undefined ?
+        undefined :
+        yield* Effect.mapError(interceptor.before(info), lost)
       const response = yield* handle({ method: request.method, url: url.pathname + url.search, headers, body })
+      if (id !== undefined && interceptor !== undefined) {
+        yield* Effect.mapError(interceptor.after(id, answerOfResponse(response)), lost)
+      }
       const payload = typeof response.body === "string" || response.body instanceof Uint8Array
         ? (response.body.length === 0 ? null : response.body)
         : Stream.toReadableStream(response.body)

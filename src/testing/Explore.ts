@@ -1,0 +1,785 @@
+/**
+ * Crash exploration and determinism checks for agents, on the test kit.
+ * `Explore.crashes` runs an agent once without interruption to learn its
+ * sequence of kernel calls, then re-runs it in a fresh execution for every
+ * step boundary with a crash injected there (before and after each submit,
+ * before and after each step complete / fail, before the outcome post), plus
+ * one run whose lease lapses mid-run while the old run stays alive. Each run
+ * must end like the uninterrupted one, no `at_most_once` body may run twice,
+ * no recorded outcome may be lost, the replay must submit the same steps, and a
+ * fenced run must write nothing. `Explore.determinism` replays a finished run
+ * and reports the first step whose identity (kind, target, arguments) changed.
+ *
+ * The kit counts step bodies from the kernel's side: a body starts when the
+ * agent receives `proceed` for its step. Side effects of the bodies themselves
+ * are the caller's: every exploration run executes them again, so bodies
+ * should be idempotent or count their effects for the test to check.
+ *
+ * @example
+ * ```ts
+ * it.effect("survives a crash anywhere", () =>
+ *   Effect.gen(function*() {
+ *     const report = yield* Explore.crashes(hello, { query: "a b" })
+ *     expect(report.points.length).toBe(10)
+ *     yield* Explore.determinism(hello, { query: "a b" })
+ *   }).pipe(Effect.provide(TestKernel.layer({ agents: [hello] }))))
+ * ```
+ *
+ * @since 0.1.0
+ */
+import { Duration, Effect, Schema } from "effect"
+import type * as Agent from "../Agent.js"
+import type * as Core from "../kernel/Core.js"
+import type * as Protocol from "../Protocol.js"
+import { canonicalJson } from "../StepId.js"
+import { TestKernel } from "./TestKernel.js"
+import type { CrashPoint, KernelCall, RunResult, StepCallName } from "./TestKernel.js"
+
+const CrashPointSchema: Schema.Schema<CrashPoint> = Schema.Union(
+  Schema.Struct({ afterSteps: Schema.Number }),
+  Schema.Struct({
+    call: Schema.Literal("submitStep", "completeStep", "failStep", "completeExecution", "failExecution"),
+    index: Schema.Number,
+    when: Schema.Literal("before", "after")
+  })
+)
+
+/**
+ * A step's identity as the kernel hashes it: kind, target and arguments.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export const StepIdentity = Schema.Struct({
+  kind: Schema.String,
+  target: Schema.String,
+  /** The arguments (parsed JSON). */
+  args: Schema.Unknown
+})
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export type StepIdentity = typeof StepIdentity.Type
+
+/**
+ * Crash exploration found a point where the agent does not survive a crash (or
+ * a lease lapse). The message names the point and what went wrong, e.g.
+ * `crash before completeStep #1 (step "charge_card"): output differed: expected {…} got {…}`;
+ * `point` reproduces it: `kernel.run(agent, input, { crash: point })` (or
+ * `{ lapse: point }` when `mode` is `"lapse"`), with `recovery: "immediate"`
+ * unless the exploration used `"lease"`.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class CrashExplorationError extends Schema.TaggedError<CrashExplorationError>(
+  "effect-rebuno/testing/CrashExplorationError"
+)("CrashExplorationError", {
+  agentId: Schema.String,
+  /** `"baseline"` when the uninterrupted run itself is unusable. */
+  mode: Schema.Literal("crash", "lapse", "baseline"),
+  point: Schema.optional(CrashPointSchema),
+  /** The point in words, e.g. `crash before completeStep #1 (step "charge_card")`. */
+  description: Schema.String,
+  reason: Schema.String,
+  /** The execution of the failing run. */
+  executionId: Schema.String
+}) {
+  override get message(): string {
+    return `${this.description}: ${this.reason}`
+  }
+}
+
+/**
+ * A replay submitted a different step than the original run at the same
+ * position: the agent is not deterministic, so its recorded steps do not
+ * line up on replay (they re-run instead of replaying).
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class DeterminismError extends Schema.TaggedError<DeterminismError>("effect-rebuno/testing/DeterminismError")(
+  "DeterminismError",
+  {
+    agentId: Schema.String,
+    executionId: Schema.String,
+    /** The position (0-based) of the first differing submit; `undefined` when the run never replayed. */
+    index: Schema.optional(Schema.Number),
+    expected: Schema.optional(StepIdentity),
+    actual: Schema.optional(StepIdentity),
+    /** Path-level differences of the arguments, e.g. `$.query: "a" → "b"`. */
+    differences: Schema.Array(Schema.String),
+    reason: Schema.String
+  }
+) {
+  override get message(): string {
+    return this.reason
+  }
+}
+
+/**
+ * Options of {@link crashes}.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface CrashesOptions {
+  /**
+   * How a crashed run's lease lapses: `"immediate"` (default) so the replay runs
+   * at the same virtual time as the uninterrupted run did (outputs that carry
+   * `Step.now` stay comparable), or `"lease"` after the lease timeout, as in
+   * production.
+   */
+  readonly recovery?: "immediate" | "lease" | undefined
+  /**
+   * The lease-lapse run: `true` (default) at a point chosen mid-run (before the
+   * outcome of the last `safe_to_retry` step is recorded), a point of your own,
+   * or `false` for none.
+   */
+  readonly lapse?: boolean | CrashPoint | undefined
+  /** Map outputs before comparing them (e.g. to drop a timestamp). */
+  readonly normalize?: ((output: unknown) => unknown) | undefined
+  /** Virtual-time limit of each run (default 1 hour). */
+  readonly timeout?: Duration.DurationInput | undefined
+}
+
+/**
+ * How often a step's body started in a run.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface BodyRuns {
+  readonly stepId: string
+  readonly kind: string
+  readonly target: string
+  readonly idempotency: "safe_to_retry" | "at_most_once"
+  readonly runs: number
+}
+
+/**
+ * The outcome of one explored point.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PointReport {
+  readonly mode: "crash" | "lapse"
+  readonly point: CrashPoint
+  readonly description: string
+  readonly executionId: string
+  readonly status: Protocol.ExecutionStatus
+  readonly output: unknown
+  readonly failureReason: string
+  readonly deliveries: number
+  /**
+   * `"same"`: same status and output as the uninterrupted run. `"indeterminate"`:
+   * the point lies inside an `at_most_once` step (after its `proceed`, before its
+   * outcome was recorded), so the replay saw an indeterminate `ToolError`; such
+   * points are compared with each other instead.
+   */
+  readonly verdict: "same" | "indeterminate"
+  readonly bodyRuns: ReadonlyArray<BodyRuns>
+}
+
+/**
+ * What {@link crashes} explored.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface CrashReport {
+  readonly agentId: string
+  readonly baseline: {
+    readonly executionId: string
+    readonly status: Protocol.ExecutionStatus
+    readonly output: unknown
+    readonly failureReason: string
+    readonly calls: ReadonlyArray<KernelCall>
+  }
+  readonly points: ReadonlyArray<PointReport>
+  /** Executions run, the uninterrupted one included. */
+  readonly runs: number
+}
+
+/**
+ * What {@link determinism} checked.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface DeterminismReport {
+  readonly executionId: string
+  /** The steps the original run submitted, in order; the replay submitted the same. */
+  readonly steps: ReadonlyArray<StepIdentity>
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+const stepCalls: ReadonlySet<string> = new Set<StepCallName>([
+  "submitStep",
+  "completeStep",
+  "failStep",
+  "completeExecution",
+  "failExecution"
+])
+
+const isOutcomeCall = (call: string): boolean => call === "completeExecution" || call === "failExecution"
+
+const MAX_SHOWN = 120
+
+const show = (value: unknown): string => {
+  if (value === undefined) return "(absent)"
+  const text = stableStringify(value)
+  return text.length > MAX_SHOWN ? text.slice(0, MAX_SHOWN - 1) + "…" : text
+}
+
+/** JSON with sorted keys, for comparisons and messages. */
+const stableStringify = (value: unknown): string => {
+  if (value === undefined) return "undefined"
+  if (value === null || typeof value !== "object") return JSON.stringify(value) ?? String(value)
+  if (Array.isArray(value)) return "[" + value.map(stableStringify).join(",") + "]"
+  const record = value as Record<string, unknown>
+  return "{" +
+    Object.keys(record).sort().filter((k) => record[k] !== undefined).map((k) =>
+      JSON.stringify(k) + ":" + stableStringify(record[k])
+    ).join(",") + "}"
+}
+
+const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/
+
+const child = (path: string, key: string | number): string =>
+  typeof key === "number" ? `${path}[${key}]` : IDENTIFIER.test(key) ? `${path}.${key}` : `${path}[${JSON.stringify(key)}]`
+
+/**
+ * Path-level differences between two JSON values, e.g. `$.query: "a" → "b"`.
+ *
+ * @since 0.1.0
+ * @category helpers
+ */
+export const jsonDiff = (expected: unknown, actual: unknown, limit = 8): ReadonlyArray<string> => {
+  const out: Array<string> = []
+  const walk = (a: unknown, b: unknown, path: string): void => {
+    if (out.length >= limit) return
+    const bothObjects = typeof a === "object" && a !== null && typeof b === "object" && b !== null
+    if (bothObjects && Array.isArray(a) === Array.isArray(b)) {
+      if (Array.isArray(a) && Array.isArray(b)) {
+        for (let i = 0; i < Math.max(a.length, b.length); i++) {
+          walk(i < a.length ? a[i] : undefined, i < b.length ? b[i] : undefined, child(path, i))
+        }
+        return
+      }
+      const ra = a as Record<string, unknown>
+      const rb = b as Record<string, unknown>
+      const keys = Array.from(new Set([...Object.keys(ra), ...Object.keys(rb)])).sort()
+      for (const key of keys) walk(ra[key], rb[key], child(path, key))
+      return
+    }
+    if (stableStringify(a) !== stableStringify(b)) out.push(`${path}: ${show(a)} → ${show(b)}`)
+  }
+  walk(expected, actual, "$")
+  return out
+}
+
+const parseArgs = (json: string | undefined): unknown => {
+  if (json === undefined) return null
+  try {
+    return JSON.parse(json)
+  } catch {
+    return json
+  }
+}
+
+interface Submitted {
+  readonly identity: StepIdentity
+  readonly canonical: string
+}
+
+const submitsOf = (calls: ReadonlyArray<KernelCall>): ReadonlyArray<Submitted> =>
+  calls.filter((c) => c.call === "submitStep").map((c) => ({
+    identity: { kind: c.kind ?? "", target: c.target ?? "", args: parseArgs(c.argsJson) },
+    canonical: `${c.kind}\u0000${c.target}\u0000${canonicalJson(c.argsJson)}`
+  }))
+
+const describeIdentity = (s: StepIdentity): string => `${s.kind} "${s.target}" ${show(s.args)}`
+
+interface Divergence {
+  readonly index: number
+  readonly expected: StepIdentity | undefined
+  readonly actual: StepIdentity | undefined
+  readonly differences: ReadonlyArray<string>
+  readonly text: string
+}
+
+/** The first position where two submit sequences differ. */
+const diverge = (expected: ReadonlyArray<Submitted>, actual: ReadonlyArray<Submitted>): Divergence | undefined => {
+  for (let i = 0; i < Math.max(expected.length, actual.length); i++) {
+    const e = expected[i]
+    const a = actual[i]
+    if (e !== undefined && a !== undefined && e.canonical === a.canonical) continue
+    if (e !== undefined && a !== undefined) {
+      if (e.identity.kind !== a.identity.kind || e.identity.target !== a.identity.target) {
+        return {
+          index: i,
+          expected: e.identity,
+          actual: a.identity,
+          differences: [],
+          text: `submit #${i}: expected ${describeIdentity(e.identity)}, the replay submitted ${
+            describeIdentity(a.identity)
+          }`
+        }
+      }
+      const differences = jsonDiff(e.identity.args, a.identity.args)
+      return {
+        index: i,
+        expected: e.identity,
+        actual: a.identity,
+        differences,
+        text: `submit #${i} (${e.identity.kind} "${e.identity.target}"): arguments differ: ${differences.join("; ")}`
+      }
+    }
+    if (e !== undefined) {
+      return {
+        index: i,
+        expected: e.identity,
+        actual: undefined,
+        differences: [],
+        text: `the replay stopped after ${i} submit${i === 1 ? "" : "s"}; the original went on with ${
+          describeIdentity(e.identity)
+        }`
+      }
+    }
+    return {
+      index: i,
+      expected: undefined,
+      actual: a!.identity,
+      differences: [],
+      text: `the replay submitted ${describeIdentity(a!.identity)} after the original's last step`
+    }
+  }
+  return undefined
+}
+
+const attemptsOf = (calls: ReadonlyArray<KernelCall>): ReadonlyArray<number> =>
+  Array.from(new Set(calls.flatMap((c) => c.attempt === undefined ? [] : [c.attempt]))).sort((a, b) => a - b)
+
+const ofAttempt = (calls: ReadonlyArray<KernelCall>, attempt: number | undefined): ReadonlyArray<KernelCall> =>
+  calls.filter((c) => c.attempt === attempt && c.dispatchId !== undefined)
+
+const isTerminal = (status: string): boolean => status === "completed" || status === "failed" || status === "cancelled"
+
+/** Register the agent unless the kernel already knows it. */
+const ensureRegistered = <R>(
+  kernel: TestKernel.Service,
+  agent: Agent.Agent<any, any, any, R>
+): Effect.Effect<void, Core.KernelFailure, R> =>
+  Effect.catchAll(kernel.core.getAgent(agent.id), () => kernel.register(agent)).pipe(Effect.asVoid)
+
+const labelOf = (call: KernelCall | undefined, fallback: string): string =>
+  call === undefined ?
+    fallback :
+    isOutcomeCall(call.call) ?
+    "the outcome post" :
+    `step "${call.target ?? "?"}"`
+
+const describePoint = (mode: "crash" | "lapse", point: CrashPoint, call: KernelCall | undefined): string => {
+  const what = mode === "crash" ? "crash" : "lease lapse"
+  if ("afterSteps" in point) return `${what} after ${point.afterSteps} recorded step outcome(s)`
+  return `${what} ${point.when} ${point.call} #${point.index} (${labelOf(call, "?")})`
+}
+
+/** How many times each step's body started, and which starts the protocol forbids. */
+const bodyRunsOf = (calls: ReadonlyArray<KernelCall>): {
+  readonly runs: ReadonlyArray<BodyRuns>
+  readonly violation: string | undefined
+} => {
+  const runs = new Map<string, { readonly call: KernelCall; attempts: Array<number | undefined> }>()
+  const recorded = new Set<string>()
+  let violation: string | undefined
+  for (const c of calls) {
+    if (c.stepId === undefined) continue
+    if ((c.call === "completeStep" || c.call === "failStep") && c.reached && c.answer === "recorded") {
+      recorded.add(c.stepId)
+      continue
+    }
+    if (c.call !== "submitStep" || c.answer !== "proceed" || !c.delivered) continue
+    const entry = runs.get(c.stepId)
+    if (entry === undefined) {
+      runs.set(c.stepId, { call: c, attempts: [c.attempt] })
+      continue
+    }
+    entry.attempts.push(c.attempt)
+    if (violation !== undefined) continue
+    const name = `${c.idempotency ?? "safe_to_retry"} step "${c.target}"`
+    if (c.idempotency === "at_most_once") {
+      violation = `${name} ran its body ${entry.attempts.length} times`
+    } else if (recorded.has(c.stepId)) {
+      violation = `${name} ran its body again after its outcome was recorded`
+    } else if (entry.attempts.filter((a) => a === c.attempt).length > 1) {
+      violation = `${name} ran its body twice in the same run (attempt ${c.attempt})`
+    }
+  }
+  return {
+    runs: Array.from(runs, ([stepId, { attempts, call }]) => ({
+      stepId,
+      kind: call.kind ?? "",
+      target: call.target ?? "",
+      idempotency: call.idempotency ?? "safe_to_retry",
+      runs: attempts.length
+    })),
+    violation
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Crash exploration
+// ---------------------------------------------------------------------------
+
+interface Planned {
+  readonly mode: "crash" | "lapse"
+  readonly point: Extract<CrashPoint, { readonly call: StepCallName }>
+  readonly call: KernelCall
+  /** The `at_most_once` steps in flight at this point (key of the comparison group). */
+  readonly window: string | undefined
+  readonly windowLabel: string | undefined
+}
+
+/** Every step boundary of the uninterrupted run, with the `at_most_once` steps in flight there. */
+const planPoints = (calls: ReadonlyArray<KernelCall>): ReadonlyArray<Planned> => {
+  const planned: Array<Planned> = []
+  const open = new Map<string, string>()
+  const windowOf = (): { readonly window: string | undefined; readonly windowLabel: string | undefined } =>
+    open.size === 0 ?
+      { window: undefined, windowLabel: undefined } :
+      {
+        window: Array.from(open.keys()).sort().join(","),
+        windowLabel: Array.from(open.values()).map((t) => `"${t}"`).join(", ")
+      }
+  for (const call of calls) {
+    if (!stepCalls.has(call.call)) continue
+    const name = call.call as StepCallName
+    planned.push({ mode: "crash", point: { call: name, index: call.index, when: "before" }, call, ...windowOf() })
+    if (call.stepId !== undefined) {
+      if (name === "submitStep" && call.answer === "proceed" && call.idempotency === "at_most_once") {
+        open.set(call.stepId, call.target ?? "?")
+      } else if ((name === "completeStep" || name === "failStep") && call.answer === "recorded") {
+        open.delete(call.stepId)
+      }
+    }
+    if (!isOutcomeCall(name)) {
+      planned.push({ mode: "crash", point: { call: name, index: call.index, when: "after" }, call, ...windowOf() })
+    }
+  }
+  return planned
+}
+
+/** The default lease-lapse point: before the outcome of the last `safe_to_retry` step is recorded. */
+const chooseLapse = (planned: ReadonlyArray<Planned>): Planned | undefined => {
+  const befores = planned.filter((p) => p.point.when === "before")
+  const safeOutcome = befores.filter((p) =>
+    (p.point.call === "completeStep" || p.point.call === "failStep") && p.call.idempotency !== "at_most_once" &&
+    p.window === undefined
+  )
+  const chosen = safeOutcome[safeOutcome.length - 1] ?? befores.find((p) => isOutcomeCall(p.point.call))
+  return chosen === undefined ? undefined : { ...chosen, mode: "lapse" }
+}
+
+const outcomeText = (r: { readonly status: string; readonly output: unknown; readonly failureReason: string }) =>
+  r.status === "completed" ?
+    `completed with ${show(r.output)}` :
+    r.failureReason === "" ?
+    r.status :
+    `${r.status} (${JSON.stringify(r.failureReason)})`
+
+/** Why two outcomes differ, or `undefined` when they match. */
+const compareOutcome = (
+  expected: { readonly status: string; readonly output: unknown; readonly failureReason: string },
+  actual: RunResult,
+  normalize: (output: unknown) => unknown
+): string | undefined => {
+  if (expected.status !== actual.status) {
+    return `status differed: expected ${outcomeText(expected)}, got ${outcomeText(actual)}`
+  }
+  if (actual.status === "completed") {
+    const e = normalize(expected.output)
+    const a = normalize(actual.output)
+    if (stableStringify(e) !== stableStringify(a)) return `output differed: expected ${show(e)} got ${show(a)}`
+  } else if (expected.failureReason !== actual.failureReason) {
+    return `failure reason differed: expected ${JSON.stringify(expected.failureReason)} got ${
+      JSON.stringify(actual.failureReason)
+    }`
+  }
+  return undefined
+}
+
+/**
+ * Run an agent once without interruption, then once per step boundary with a
+ * crash injected there, plus once with a lease lapse mid-run while the old run
+ * stays alive; fail with a {@link CrashExplorationError} naming the first point
+ * where the agent does not survive. Needs the {@link TestKernel} (the agent is
+ * registered if it is not yet); every run is a fresh execution.
+ *
+ * Checked at every point: the crash was reached (the run took the same path);
+ * no `at_most_once` body started twice and no `safe_to_retry` body started again
+ * after its outcome was recorded; every outcome recorded before the crash is
+ * still there; the replay submitted the same steps as the uninterrupted run;
+ * and the run ended with the same status and output (failure reason) — except
+ * inside an `at_most_once` step, where the replay sees an indeterminate
+ * `ToolError` and all the points of that step must agree with each other. The
+ * lease-lapse run also checks the old attempt was fenced: after the lapse it
+ * recorded nothing and stopped.
+ *
+ * @since 0.1.0
+ * @category exploration
+ */
+export const crashes = <R>(
+  agent: Agent.Agent<any, any, any, R>,
+  input?: unknown,
+  options?: CrashesOptions
+): Effect.Effect<CrashReport, CrashExplorationError | Core.KernelFailure, TestKernel | R> =>
+  Effect.gen(function*() {
+    const kernel = yield* TestKernel
+    yield* ensureRegistered(kernel, agent)
+    const recovery = options?.recovery ?? "immediate"
+    const normalize = options?.normalize ?? ((output: unknown) => output)
+    const timeout = options?.timeout === undefined ? {} : { timeout: options.timeout }
+
+    const baseline = yield* kernel.run(agent, input, timeout)
+    const baselineError = (reason: string) =>
+      new CrashExplorationError({
+        agentId: agent.id,
+        mode: "baseline",
+        description: "the uninterrupted run",
+        reason,
+        executionId: baseline.executionId
+      })
+    if (!isTerminal(baseline.status)) {
+      return yield* baselineError(
+        `ended ${baseline.status}${
+          baseline.status === "blocked" ? " on an approval" : ""
+        }; crash exploration needs a run that finishes on its own`
+      )
+    }
+    const firstAttempt = attemptsOf(baseline.calls)[0]
+    const baselineCalls = ofAttempt(baseline.calls, firstAttempt)
+    const baselineSubmits = submitsOf(baselineCalls)
+    const planned = planPoints(baselineCalls)
+    const lapse = options?.lapse === false ?
+      undefined :
+      options?.lapse === undefined || options.lapse === true ?
+      chooseLapse(planned) :
+      ((point) => {
+        const found = "call" in point ?
+          planned.find((p) =>
+            p.point.call === point.call && p.point.index === point.index && p.point.when === point.when
+          ) :
+          undefined
+        return found === undefined ? undefined : { ...found, mode: "lapse" as const }
+      })(options.lapse)
+    if (options?.lapse !== undefined && typeof options.lapse === "object" && lapse === undefined) {
+      return yield* baselineError(`has no step boundary ${JSON.stringify(options.lapse)} to lapse the lease at`)
+    }
+
+    const windowOutcomes = new Map<string, { readonly description: string; readonly result: RunResult }>()
+    const points: Array<PointReport> = []
+    for (const plan of lapse === undefined ? planned : [...planned, lapse]) {
+      const description = describePoint(plan.mode, plan.point, plan.call)
+      const result = yield* kernel.run(agent, input, {
+        ...timeout,
+        recovery,
+        ...(plan.mode === "crash" ? { crash: plan.point } : { lapse: plan.point })
+      })
+      const fail = (reason: string) =>
+        new CrashExplorationError({
+          agentId: agent.id,
+          mode: plan.mode,
+          point: plan.point,
+          description,
+          reason,
+          executionId: result.executionId
+        })
+      const attempts = attemptsOf(result.calls)
+      const firstCalls = ofAttempt(result.calls, attempts[0])
+      const lastCalls = ofAttempt(result.calls, attempts[attempts.length - 1])
+
+      // 1. The point was reached: the run took the uninterrupted run's path.
+      if (!(plan.mode === "crash" ? result.crashed : result.lapsed)) {
+        const divergence = diverge(baselineSubmits, submitsOf(firstCalls))
+        return yield* fail(
+          "the point was never reached: the run took another path than the uninterrupted run" +
+            (divergence === undefined ? "" : ` (${divergence.text})`)
+        )
+      }
+
+      // 2. Bodies ran no more often than the protocol allows.
+      const bodies = bodyRunsOf(result.calls)
+      if (bodies.violation !== undefined) return yield* fail(bodies.violation)
+
+      // 3. Nothing recorded was lost.
+      const finalSteps = new Map(result.steps.map((s) => [s.stepId, s]))
+      for (const c of result.calls) {
+        if ((c.call !== "completeStep" && c.call !== "failStep") || c.answer !== "recorded" || c.stepId === undefined) {
+          continue
+        }
+        const status = finalSteps.get(c.stepId)?.status
+        const expected = c.call === "completeStep" ? "succeeded" : "failed"
+        if (status !== expected) {
+          return yield* fail(
+            `the outcome of step "${c.target}" recorded by attempt ${c.attempt} was lost: it is now ${
+              status ?? "missing"
+            }, not ${expected}`
+          )
+        }
+      }
+
+      // 4. A fenced run writes nothing after its lease lapsed, and stops.
+      if (plan.mode === "lapse") {
+        const lapsedAt = firstCalls.find((c) => c.injected === "lapse")
+        const after = firstCalls.filter((c) =>
+          lapsedAt !== undefined && (c.seq > lapsedAt.seq || (c.seq === lapsedAt.seq && plan.point.when === "before"))
+        )
+        const written = after.find((c) =>
+          c.reached && c.call !== "getExecution" && c.answer !== "lease_superseded" &&
+          c.answer !== "execution_terminal" && c.answer !== "replay"
+        )
+        if (written !== undefined) {
+          return yield* fail(
+            `the old attempt wrote after its lease lapsed: ${written.call} #${written.index} (${
+              labelOf(written, "?")
+            }) was answered ${JSON.stringify(written.answer)}`
+          )
+        }
+        const fenced = after.find((c) => c.answer === "lease_superseded" || c.answer === "execution_terminal")
+        const next = fenced?.answerSeq === undefined ? undefined : after.find((c) => c.seq >= fenced.answerSeq!)
+        if (next !== undefined) {
+          return yield* fail(`the old attempt kept calling the kernel after it was fenced: ${next.call} #${next.index}`)
+        }
+        if (attempts.length < 2) return yield* fail("the lease lapsed but the execution was never redelivered")
+      }
+
+      // 5. Same outcome (or, inside an at_most_once step, the same as that step's other points).
+      if (!isTerminal(result.status)) {
+        return yield* fail(`the run did not finish: it ended ${result.status} after ${result.deliveries} deliveries`)
+      }
+      const reran = bodies.runs.filter((b) => b.runs > 1).map((b) => `"${b.target}"`)
+      const hint = reran.length === 0 ?
+        "" :
+        ` (the body of ${reran.join(", ")} ran again after the ${
+          plan.mode
+        }: make its result idempotent or normalize the output)`
+      if (plan.window === undefined) {
+        const differs = compareOutcome(baseline, result, normalize)
+        if (differs !== undefined) return yield* fail(differs + hint)
+      } else {
+        const first = windowOutcomes.get(plan.window)
+        if (first === undefined) {
+          windowOutcomes.set(plan.window, { description, result })
+        } else {
+          const differs = compareOutcome(first.result, result, normalize)
+          if (differs !== undefined) {
+            return yield* fail(
+              `${differs} (compared with ${first.description}, inside the same at_most_once step ${plan.windowLabel}, where the replay sees an indeterminate ToolError)`
+            )
+          }
+        }
+      }
+
+      // 6. The replay submitted the same steps as the uninterrupted run.
+      if (plan.window === undefined) {
+        const divergence = diverge(baselineSubmits, submitsOf(lastCalls))
+        if (divergence !== undefined) {
+          return yield* fail(`the replay diverged from the uninterrupted run at ${divergence.text}${hint}`)
+        }
+      }
+
+      points.push({
+        mode: plan.mode,
+        point: plan.point,
+        description,
+        executionId: result.executionId,
+        status: result.status,
+        output: result.output,
+        failureReason: result.failureReason,
+        deliveries: result.deliveries,
+        verdict: plan.window === undefined ? "same" : "indeterminate",
+        bodyRuns: bodies.runs
+      })
+    }
+
+    return {
+      agentId: agent.id,
+      baseline: {
+        executionId: baseline.executionId,
+        status: baseline.status,
+        output: baseline.output,
+        failureReason: baseline.failureReason,
+        calls: baseline.calls
+      },
+      points,
+      runs: points.length + 1
+    }
+  })
+
+// ---------------------------------------------------------------------------
+// Determinism
+// ---------------------------------------------------------------------------
+
+const beforeOutcome: ReadonlyArray<CrashPoint> = [
+  { call: "completeExecution", index: 0, when: "before" },
+  { call: "failExecution", index: 0, when: "before" }
+]
+
+/**
+ * Check that an agent replays deterministically: run it, crash it just before
+ * it posts its outcome, let the lease lapse (virtual time moves on by the lease
+ * timeout, so unrecorded clock reads change), and compare the steps the replay
+ * submits with the original run's, in order, by kind, target and canonical
+ * arguments. Fails with a {@link DeterminismError} naming the first step that
+ * differs and a path-level diff of its arguments, e.g.
+ * `the replay diverged from the original run at submit #0 (tool_call "search"): arguments differ: $.at: 1712… → 1712…`.
+ *
+ * @since 0.1.0
+ * @category exploration
+ */
+export const determinism = <R>(
+  agent: Agent.Agent<any, any, any, R>,
+  input?: unknown,
+  options?: { readonly timeout?: Duration.DurationInput | undefined }
+): Effect.Effect<DeterminismReport, DeterminismError | Core.KernelFailure, TestKernel | R> =>
+  Effect.gen(function*() {
+    const kernel = yield* TestKernel
+    yield* ensureRegistered(kernel, agent)
+    const result = yield* kernel.run(agent, input, {
+      crash: beforeOutcome,
+      recovery: "lease",
+      ...(options?.timeout === undefined ? {} : { timeout: options.timeout })
+    })
+    const attempts = attemptsOf(result.calls)
+    const original = submitsOf(ofAttempt(result.calls, attempts[0]))
+    if (!result.crashed || attempts.length < 2) {
+      return yield* new DeterminismError({
+        agentId: agent.id,
+        executionId: result.executionId,
+        differences: [],
+        reason: `the run never replayed: it ended ${result.status} without posting an outcome to crash before`
+      })
+    }
+    const replay = submitsOf(ofAttempt(result.calls, attempts[attempts.length - 1]))
+    const divergence = diverge(original, replay)
+    if (divergence !== undefined) {
+      return yield* new DeterminismError({
+        agentId: agent.id,
+        executionId: result.executionId,
+        index: divergence.index,
+        ...(divergence.expected === undefined ? {} : { expected: divergence.expected }),
+        ...(divergence.actual === undefined ? {} : { actual: divergence.actual }),
+        differences: divergence.differences,
+        reason: `the replay diverged from the original run at ${divergence.text}`
+      })
+    }
+    return { executionId: result.executionId, steps: original.map((s) => s.identity) }
+  })

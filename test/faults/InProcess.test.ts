@@ -1,0 +1,628 @@
+/**
+ * The fault matrix, in-process: crashes at every kind of point, a lease that
+ * lapses while the run is alive, failing webhooks, duplicate and stale
+ * deliveries, and a kernel that is unreachable during each kind of call — on
+ * the test kit under TestClock. Every case checks what ran how many times and
+ * the final state: nothing may run more often than the protocol allows, and
+ * nothing recorded may be lost.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Deferred, Duration, Effect, Fiber, Schema } from "effect"
+import { Agent, Tool } from "effect-rebuno"
+import type { ToolError } from "effect-rebuno"
+import { TestKernel } from "effect-rebuno/testing"
+
+const indeterminate = {
+  message: "outcome unknown: this may already have taken effect. Check the state before continuing.",
+  reason: "indeterminate"
+}
+
+interface WorldOptions {
+  /** Hold every `fetch` body until this opens (after announcing itself on `started`). */
+  readonly gate?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
+  /** Hold only the first `fetch` body (the first run's) until this opens. */
+  readonly holdFirst?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
+  /** Virtual time the `fetch` body takes. */
+  readonly fetchTakes?: Duration.DurationInput
+  /** Make `fetch` fail (a ToolError recorded with step fail). */
+  readonly fetchFails?: boolean
+}
+
+/**
+ * An agent with a safe_to_retry `fetch` and an at_most_once `charge`, counting
+ * how often each body started and finished.
+ */
+const makeWorld = (options: WorldOptions = {}) => {
+  const started = { fetch: 0, charge: 0 }
+  const finished = { fetch: 0, charge: 0 }
+  const fetch = Tool.make("fetch", {
+    args: Schema.Struct({ key: Schema.String }),
+    success: Schema.Struct({ value: Schema.String }),
+    execute: ({ key }) =>
+      Effect.gen(function*() {
+        started.fetch++
+        const hold = options.gate ?? (started.fetch === 1 ? options.holdFirst : undefined)
+        if (hold !== undefined) {
+          yield* Deferred.succeed(hold.started, undefined)
+          yield* Deferred.await(hold.open)
+        }
+        if (options.fetchTakes !== undefined) yield* Effect.sleep(options.fetchTakes)
+        finished.fetch++
+        if (options.fetchFails === true) return yield* Effect.fail(new Error("upstream down"))
+        return { value: `value of ${key}` }
+      })
+  })
+  const charge = Tool.make("charge", {
+    args: Schema.Struct({ amount: Schema.Number }),
+    success: Schema.Struct({ receipt: Schema.String }),
+    idempotency: "at_most_once",
+    execute: ({ amount }) =>
+      Effect.sync(() => {
+        started.charge++
+        finished.charge++
+        return { receipt: `receipt-${amount}` }
+      })
+  })
+  const agent = Agent.make({
+    id: "shop",
+    input: Schema.Struct({ key: Schema.String }),
+    handler: ({ key }) =>
+      Effect.gen(function*() {
+        const { value } = yield* fetch({ key })
+        const charged = yield* charge({ amount: 10 }).pipe(
+          Effect.map((r) => r.receipt),
+          Effect.catchTag("ToolError", (e: ToolError) => e.indeterminate ? Effect.succeed("unknown") : Effect.fail(e))
+        )
+        return { value, charged }
+      })
+  })
+  return { agent, started, finished }
+}
+
+const expectedOutput = { value: "value of k", charged: "receipt-10" }
+
+const statuses = (run: TestKernel.RunResult) =>
+  Object.fromEntries(run.steps.map((s) => [s.target, s.status] as const))
+
+const count = (run: TestKernel.RunResult, type: string) => run.events.filter((e) => e.type === type).length
+
+const callsOf = (run: TestKernel.RunResult, attempt: number, call?: TestKernel.CallName) =>
+  run.calls.filter((c) => c.attempt === attempt && (call === undefined || c.call === call))
+
+const at = (event: { readonly occurredAt: string }) => Date.parse(event.occurredAt)
+
+describe("crashes", () => {
+  it.effect("before a step's body (after submit answered proceed): the body runs once, in the redelivery", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, { crash: { call: "submitStep", index: 0, when: "after" } })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      const lost = callsOf(run, 1, "submitStep")
+      expect(lost.map((c) => [c.answer, c.delivered, c.injected])).toEqual([["proceed", false, "crash"]])
+      // the orphaned executing step is proceeded again (safe_to_retry), with the same id
+      expect(callsOf(run, 2, "submitStep")[0]).toMatchObject({ answer: "proceed", stepId: lost[0]!.stepId })
+      expect(run.deliveries).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+
+  it.effect("before an at_most_once body: it never runs, the replay reports an indeterminate outcome", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, { crash: { call: "submitStep", index: 1, when: "after" } })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual({ value: "value of k", charged: "unknown" })
+      expect(world.started).toEqual({ fetch: 1, charge: 0 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "failed" })
+      expect(run.steps.find((s) => s.target === "charge")?.error).toEqual(indeterminate)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+
+  it.effect("during the body (the process dies mid-body): the interrupted body runs again", () =>
+    Effect.gen(function*() {
+      const hold = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const world = makeWorld({ holdFirst: hold })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        const settling = yield* Effect.fork(kernel.settle(id))
+        yield* Deferred.await(hold.started)
+        yield* kernel.restart(world.agent.id)
+        const run = yield* Fiber.join(settling)
+        expect(run.status).toBe("completed")
+        expect(run.output).toEqual(expectedOutput)
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+        expect(callsOf(run, 1, "completeStep")).toEqual([])
+        expect(count(run, "step.succeeded")).toBe(2)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+    }))
+
+  it.effect("after the body, before recording: a safe body runs again; an at_most_once one does not", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const safe = yield* kernel.run(world.agent, { key: "k" }, {
+        crash: { call: "completeStep", index: 0, when: "before" }
+      })
+      expect(safe.output).toEqual(expectedOutput)
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+      expect(statuses(safe)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+
+      const once = yield* kernel.run(world.agent, { key: "k" }, {
+        crash: { call: "completeStep", index: 1, when: "before" }
+      })
+      expect(once.status).toBe("completed")
+      expect(once.output).toEqual({ value: "value of k", charged: "unknown" })
+      expect(world.started).toEqual({ fetch: 3, charge: 2 })
+      expect(statuses(once)).toEqual({ fetch: "succeeded", charge: "failed" })
+      // the recorded fetch replayed; the charge ran once and was never recorded as a success
+      expect(callsOf(once, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
+      expect(count(once, "step.succeeded")).toBe(1)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+
+  it.effect("before reporting the outcome: everything replays, nothing runs again", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        crash: { call: "completeExecution", index: 0, when: "before" }
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(callsOf(run, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
+      expect(callsOf(run, 2, "completeStep")).toEqual([])
+      expect(count(run, "execution.completed")).toBe(1)
+      expect(count(run, "step.succeeded")).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+})
+
+describe("a lease that lapses while the run is alive", () => {
+  it.effect("the stalled run is fenced when it wakes up; the new attempt replays", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        lapse: { call: "completeStep", index: 0, when: "before" }
+      })
+      expect(run.lapsed).toBe(true)
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+      // the old attempt's step complete reached the kernel only after the lapse, and was refused
+      const old = callsOf(run, 1).filter((c) => c.call !== "heartbeat" && c.call !== "getExecution")
+      expect(old.map((c) => [c.call, c.answer])).toEqual([
+        ["submitStep", "proceed"],
+        ["completeStep", "lease_superseded"]
+      ])
+      // the old attempt stopped: nothing of it after the fence, heartbeats included
+      const fence = old[1]!
+      expect(callsOf(run, 1).filter((c) => c.seq >= fence.answerSeq!)).toEqual([])
+      expect(count(run, "step.succeeded")).toBe(2)
+      // the redelivery came after the lease timeout (120 s) on virtual time, on the next tick
+      const acks = run.events.filter((e) => e.type === "dispatch.acked")
+      expect(acks).toHaveLength(2)
+      const gap = at(acks[1]!) - at(acks[0]!)
+      expect(gap).toBeGreaterThan(120_000)
+      expect(gap).toBeLessThanOrEqual(122_000)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+
+  it.effect("a zombie worker held mid-body: its next heartbeat is fenced, it stops and writes nothing", () =>
+    Effect.gen(function*() {
+      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const world = makeWorld({ holdFirst: first })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        yield* kernel.tick
+        yield* Deferred.await(first.started)
+        // the worker is cut off (it keeps running), its lease lapses, the kernel redelivers elsewhere
+        yield* kernel.partition(world.agent.id)
+        expect(yield* kernel.expireLeases).toBe(1)
+        yield* kernel.tick
+        const run = yield* kernel.settle(id)
+        expect(run.status).toBe("completed")
+        expect(run.output).toEqual(expectedOutput)
+        // the zombie's heartbeat (30 s in) was refused: it stopped, its body was interrupted
+        const zombie = callsOf(run, 1)
+        expect(zombie.map((c) => [c.call, c.answer])).toEqual([
+          ["submitStep", "proceed"],
+          ["heartbeat", "lease_superseded"]
+        ])
+        expect(yield* kernel.activeRuns).toBe(0)
+        yield* Deferred.succeed(first.open, undefined)
+        yield* kernel.settle(id)
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+        expect((yield* kernel.calls(id)).filter((c) => c.attempt === 1)).toHaveLength(2)
+        expect(run.steps.map((s) => s.status)).toEqual(["succeeded", "succeeded"])
+        expect(count(run, "step.succeeded")).toBe(2)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+    }))
+
+  it.effect("a zombie that wakes up while the new attempt is running gets lease_superseded", () =>
+    Effect.gen(function*() {
+      const gate = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      let bodies = 0
+      const hold = { open: gate.open, started: gate.started }
+      // the first body waits on `first`, the second on `gate`
+      const world = makeWorld({
+        get gate() {
+          return bodies++ === 0 ? first : hold
+        }
+      } as WorldOptions)
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        yield* kernel.tick
+        yield* Deferred.await(first.started)
+        yield* kernel.partition(world.agent.id)
+        yield* kernel.expireLeases
+        yield* kernel.tick
+        yield* Deferred.await(gate.started)
+        // both bodies are in flight; the zombie finishes first
+        yield* Deferred.succeed(first.open, undefined)
+        yield* Effect.repeatN(Effect.yieldNow(), 20)
+        yield* Deferred.succeed(gate.open, undefined)
+        const run = yield* kernel.settle(id)
+        expect(run.status).toBe("completed")
+        expect(run.output).toEqual(expectedOutput)
+        const zombie = callsOf(run, 1)
+        expect(zombie.map((c) => [c.call, c.answer])).toEqual([
+          ["submitStep", "proceed"],
+          ["completeStep", "lease_superseded"]
+        ])
+        expect(world.finished).toEqual({ fetch: 2, charge: 1 })
+        expect(count(run, "step.succeeded")).toBe(2)
+        expect(count(run, "execution.completed")).toBe(1)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+    }))
+
+  it.effect("in the same process, the newer delivery supersedes the run: its body is interrupted", () =>
+    Effect.gen(function*() {
+      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const world = makeWorld({ holdFirst: first })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        yield* kernel.tick
+        yield* Deferred.await(first.started)
+        yield* kernel.expireLeases
+        yield* kernel.tick
+        yield* Deferred.succeed(first.open, undefined)
+        const run = yield* kernel.settle(id)
+        expect(run.status).toBe("completed")
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+        expect(run.output).toEqual(expectedOutput)
+        expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+        expect(callsOf(run, 1).map((c) => c.call)).toEqual(["submitStep"])
+        expect(run.deliveries).toBe(2)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+    }))
+})
+
+describe("webhooks", () => {
+  it.effect("an agent that is not served: backoff, then dispatch_exhausted after the 5th attempt", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      yield* kernel.core.registerAgent({ id: "ghost", webhookUrl: "http://ghost.invalid/webhook", secret: "s" })
+      const run = yield* kernel.run("ghost", {})
+      expect(run.status).toBe("failed")
+      expect(run.failureReason).toBe("dispatch_exhausted")
+      const tail = run.events.slice(3)
+      expect(tail.map((e) => [e.type, (e.payload as { attempt?: number }).attempt])).toEqual([
+        ["dispatch.failed", 1],
+        ["dispatch.failed", 2],
+        ["dispatch.failed", 3],
+        ["dispatch.failed", 4],
+        ["dispatch.failed", 5],
+        ["execution.failed", undefined]
+      ])
+      expect((tail[5]!.payload as { reason: string }).reason).toBe("dispatch_exhausted")
+      // backoff 1 s, 2 s, 4 s, 8 s (no jitter), quantised by the 2 s tick
+      const t0 = at(tail[0]!)
+      expect(tail.map((e) => at(e) - t0)).toEqual([0, 2_000, 4_000, 8_000, 16_000, 16_000])
+      expect(run.deliveries).toBe(0)
+    }).pipe(Effect.provide(TestKernel.layer({ settings: { random: () => 0 } }))))
+
+  it.effect("a runtime answering 500 twice: retried, then delivered on the 3rd attempt", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      yield* kernel.failWebhooks(world.agent.id, { times: 2 })
+      const run = yield* kernel.run(world.agent, { key: "k" })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      const dispatch = run.events.filter((e) => e.type.startsWith("dispatch.") && e.type !== "dispatch.queued")
+      expect(dispatch.map((e) => [e.type, (e.payload as { attempt: number }).attempt, at(e) - at(dispatch[0]!)]))
+        .toEqual([["dispatch.failed", 1, 0], ["dispatch.failed", 2, 2_000], ["dispatch.acked", 3, 4_000]])
+      expect(run.deliveries).toBe(1)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], settings: { random: () => 0 } })))
+  })
+
+  it.effect("a runtime that always fails exhausts the dispatch; the handler never runs", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      yield* kernel.failWebhooks(world.agent.id)
+      const run = yield* kernel.run(world.agent, { key: "k" })
+      expect(run.status).toBe("failed")
+      expect(run.failureReason).toBe("dispatch_exhausted")
+      expect(count(run, "dispatch.failed")).toBe(5)
+      expect(world.started).toEqual({ fetch: 0, charge: 0 })
+      expect(run.calls).toEqual([])
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+  })
+
+  it.effect("duplicate and stale deliveries are ignored: no second run", () =>
+    Effect.gen(function*() {
+      const gate = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const world = makeWorld({ gate })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        const reads = Effect.map(kernel.calls(id), (calls) => calls.filter((c) => c.call === "getExecution").length)
+        yield* kernel.tick
+        yield* Deferred.await(gate.started)
+        expect(yield* reads).toBe(1)
+
+        // the same attempt again: a duplicate
+        expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
+        expect(yield* kernel.activeRuns).toBe(1)
+        expect(yield* reads).toBe(1)
+
+        // attempt 2 supersedes attempt 1; then attempt 1 arrives late: stale
+        yield* kernel.expireLeases
+        yield* kernel.tick
+        yield* Effect.repeatN(Effect.yieldNow(), 20)
+        expect(yield* reads).toBe(2)
+        expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
+        expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
+        expect(yield* reads).toBe(2)
+        expect(yield* kernel.activeRuns).toBe(1)
+
+        yield* Deferred.succeed(gate.open, undefined)
+        const run = yield* kernel.settle(id)
+        expect(run.status).toBe("completed")
+        expect(run.output).toEqual(expectedOutput)
+        expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+
+        // after the end, a replayed webhook starts a run that sees a terminal execution and stops
+        expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
+        yield* kernel.settle(id)
+        expect(yield* reads).toBe(3)
+        const calls = yield* kernel.calls(id)
+        expect(calls.filter((c) => c.call === "submitStep")).toHaveLength(3)
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(run.deliveries).toBe(2)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+    }))
+})
+
+describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport)", (transport) => {
+  it.effect("during a submit, after the kernel recorded it: the run abandons; the redelivery proceeds it", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "submitStep", index: 0, when: "after" }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      // exactly one submit reached the kernel, and it was not retried
+      const submits = callsOf(run, 1, "submitStep")
+      expect(submits.map((c) => [c.reached, c.answer, c.delivered, c.injected])).toEqual([
+        [true, "proceed", false, "fault"]
+      ])
+      // the abandoned run made no call after the fault: no heartbeat kept its lease alive
+      expect(callsOf(run, 1).filter((c) => c.seq > submits[0]!.seq)).toEqual([])
+      // the lease lapsed after 120 s; the redelivery proceeded the orphaned step: the body ran once
+      const redelivered = callsOf(run, 2, "submitStep")[0]!
+      expect(redelivered).toMatchObject({ answer: "proceed", stepId: submits[0]!.stepId })
+      expect(redelivered.atMs - submits[0]!.atMs).toBeGreaterThan(120_000)
+      expect(redelivered.atMs - submits[0]!.atMs).toBeLessThanOrEqual(122_000)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(run.steps).toHaveLength(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during a submit, before the kernel saw it: abandoned, nothing recorded, redelivered", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "submitStep", index: 1, when: "before" }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(callsOf(run, 1, "submitStep").map((c) => [c.target, c.reached])).toEqual([["fetch", true], [
+        "charge",
+        false
+      ]])
+      expect(callsOf(run, 2, "submitStep").map((c) => [c.target, c.answer])).toEqual([["fetch", "replay"], [
+        "charge",
+        "proceed"
+      ]])
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(run.deliveries).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during a step complete: retried with backoff (100, 200, 400 ms) and recorded once", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeStep", index: 0, when: "before", times: 3 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(run.deliveries).toBe(1)
+      const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
+      expect(completes.map((c) => [c.reached, c.answer])).toEqual([
+        [false, undefined],
+        [false, undefined],
+        [false, undefined],
+        [true, "recorded"]
+      ])
+      expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 100, 300, 700])
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(count(run, "step.succeeded")).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during a step complete whose answer is lost: the retry is answered replay, nothing recorded twice", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeStep", index: 0, when: "after", times: 2 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch").map((c) => [c.answer, c.delivered]))
+        .toEqual([["recorded", false], ["replay", false], ["replay", true]])
+      expect(count(run, "step.succeeded")).toBe(2)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during a step complete, retries exhausted: abandoned; the safe body runs again, the charge once", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeStep", index: 0, when: "before", times: 4 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(callsOf(run, 1, "completeStep").map((c) => c.reached)).toEqual([false, false, false, false])
+      expect(callsOf(run, 1, "submitStep")).toHaveLength(1)
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(count(run, "step.succeeded")).toBe(2)
+      expect(run.deliveries).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during a step fail: retried, the failure recorded once", () => {
+    const world = makeWorld({ fetchFails: true })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "failStep", index: 0, when: "before", times: 2 }]
+      })
+      expect(run.status).toBe("failed")
+      expect(run.failureReason).toBe("tool_error: fetch: upstream down")
+      expect(callsOf(run, 1, "failStep").map((c) => c.answer)).toEqual([undefined, undefined, "recorded"])
+      expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
+        ["fetch", "failed", { message: "upstream down" }]
+      ])
+      expect(world.started).toEqual({ fetch: 1, charge: 0 })
+      expect(run.deliveries).toBe(1)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during heartbeats: failures are ignored, the next beat renews the lease", () => {
+    const world = makeWorld({ fetchTakes: "150 seconds" })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "heartbeat", index: 0, when: "before", times: 2 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      // beats every 30 s (lease 120 s / 3, at most 30 s): two are lost, the third renews the lease
+      expect(run.deliveries).toBe(1)
+      const beats = callsOf(run, 1, "heartbeat")
+      expect(beats.map((c) => [c.atMs - beats[0]!.atMs, c.reached, c.answer])).toEqual([
+        [0, false, undefined],
+        [30_000, false, undefined],
+        [60_000, true, "ok"],
+        [90_000, true, "ok"],
+        [120_000, true, "ok"]
+      ])
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during every heartbeat: the lease lapses and the redelivery supersedes the run", () => {
+    const world = makeWorld({ fetchTakes: "200 seconds" })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "heartbeat", index: 0, when: "before", times: 100 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(run.deliveries).toBe(2)
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+      expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+      // the first run never wrote its step outcome
+      expect(callsOf(run, 1, "completeStep")).toEqual([])
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during the outcome post, answer lost: the retry gets execution_terminal, taken as success", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeExecution", index: 0, when: "after" }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(callsOf(run, 1, "completeExecution").map((c) => c.answer)).toEqual(["ok", "execution_terminal"])
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(count(run, "execution.completed")).toBe(1)
+      expect(run.deliveries).toBe(1)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+
+  it.effect("reading the execution: retried; when retries run out the run is abandoned and redelivered", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const retried = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "getExecution", when: "before", times: 3 }]
+      })
+      expect(retried.status).toBe("completed")
+      expect(retried.output).toEqual(expectedOutput)
+      expect(retried.deliveries).toBe(1)
+      expect(retried.calls.filter((c) => c.call === "getExecution").map((c) => c.reached)).toEqual([
+        false,
+        false,
+        false,
+        true
+      ])
+
+      const abandoned = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "getExecution", when: "before", times: 4 }]
+      })
+      expect(abandoned.status).toBe("completed")
+      expect(abandoned.output).toEqual(expectedOutput)
+      expect(statuses(abandoned)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      expect(abandoned.deliveries).toBe(2)
+      expect(callsOf(abandoned, 1)).toEqual([])
+      expect(world.started).toEqual({ fetch: 2, charge: 2 })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+})
