@@ -224,14 +224,18 @@ describe("Step.make", () => {
       expect(fake.ops("failStep")[0]!.json).toBe("{\"message\":\"bad\"}")
     }))
 
-  it.effect("fail-step failures are swallowed, except LeaseSuperseded", () =>
+  it.effect("fail-step error answers are swallowed; LeaseSuperseded propagates; lost answers abandon", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel()
-      fake.onFail = () => Effect.fail(FakeKernel.transport("fail"))
+      fake.onFail = () =>
+        Effect.fail(new KernelError({ reason: "Status", status: 400, code: "validation_error", description: "x" }))
       const step = Step.make({ kind: "local", target: "x", body: () => Effect.fail("nope") })
       expect(yield* Effect.flip(inRun(fake)(step))).toBeInstanceOf(ToolError)
       fake.onFail = () => Effect.fail(new LeaseSuperseded())
       expect(yield* Effect.flip(inRun(fake)(step))).toBeInstanceOf(LeaseSuperseded)
+      // PROTOCOL.md 15.1: retries exhausted on a step fail → abandon, never leave the step unrecorded and go on
+      fake.onFail = () => Effect.fail(FakeKernel.transport("fail"))
+      expect(yield* Effect.flip(inRun(fake)(step))).toBeInstanceOf(Abandoned)
     }))
 
   it.effect("a typed failure is recorded and survives replay", () =>

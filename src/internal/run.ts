@@ -234,8 +234,10 @@ export const complete = (
   )
 
 /**
- * `POST …/fail` with the error object. Failures of this call are swallowed,
- * except the run signals (LeaseSuperseded, Terminated).
+ * `POST …/fail` with the error object. Error answers are swallowed (14.4),
+ * except the run signals (LeaseSuperseded, Terminated); a transport failure that
+ * outlived the client's retries abandons the run (15.1), because carrying on
+ * would leave the step `executing` with no outcome ever recorded.
  *
  * @since 0.1.0
  * @category internal
@@ -245,12 +247,15 @@ export const fail = (
   execution: Execution.Service,
   stepId: string,
   error: StepFailureRecord
-): Effect.Effect<void, LeaseSuperseded | Terminated> =>
+): Effect.Effect<void, LeaseSuperseded | Terminated | Abandoned> =>
   execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error).pipe(
     Effect.flatMap((decision) => settled(execution, decision)),
     Effect.catchIf(
       (e): e is KernelError => e instanceof KernelError,
-      () => Effect.void
+      (e) =>
+        isTransportFailure(e)
+          ? signal(execution, new Abandoned({ reason: `step fail failed: ${e.message}` }))
+          : Effect.void
     )
   )
 
@@ -376,7 +381,7 @@ const recordFailure = (
   target: string,
   stepId: string,
   message: string
-): Effect.Effect<never, ToolError | LeaseSuperseded | Terminated> => {
+): Effect.Effect<never, ToolError | LeaseSuperseded | Terminated | Abandoned> => {
   const error = { message }
   return Effect.zipRight(
     fail(execution, stepId, error),
