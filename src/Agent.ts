@@ -28,7 +28,8 @@ import {
   ManagedRuntime,
   Option,
   Ref,
-  Schema
+  Schema,
+  Stream
 } from "effect"
 import { Scope } from "effect"
 import { createServer } from "node:http"
@@ -361,15 +362,59 @@ export const toHttpApp = <In, A, E, R>(
 ): Effect.Effect<HttpApp.Default, never, Scope.Scope | KernelClient | R> =>
   Effect.map(runtime(agent), httpAppFor)
 
+/**
+ * The largest webhook body the HTTP adapters read: 1 MiB (a webhook is about
+ * 200 bytes). A larger body is answered `413` with an empty body and is never
+ * buffered whole, so an unauthenticated client cannot make the agent hold
+ * arbitrary amounts of memory before the signature check.
+ *
+ * @since 0.1.0
+ * @category http
+ */
+export const maxWebhookBodyBytes = 1024 * 1024
+
+/** A declared `Content-Length` over the cap (absent or unparseable: not known yet). */
+const declaredTooLarge = (contentLength: string | null | undefined): boolean => {
+  if (contentLength === null || contentLength === undefined) return false
+  const n = Number(contentLength)
+  return Number.isFinite(n) && n > maxWebhookBodyBytes
+}
+
+/** Read a body stream, stopping as soon as it grows past the cap. */
+const readCapped = <E>(
+  stream: Stream.Stream<Uint8Array, E>
+): Effect.Effect<Uint8Array | "tooLarge" | "unreadable"> => {
+  let size = 0
+  const chunks: Array<Uint8Array> = []
+  return Stream.runForEachWhile(stream, (chunk) =>
+    Effect.sync(() => {
+      size += chunk.length
+      if (size > maxWebhookBodyBytes) return false
+      chunks.push(chunk)
+      return true
+    })).pipe(
+      Effect.map(() => {
+        if (size > maxWebhookBodyBytes) return "tooLarge" as const
+        const out = new Uint8Array(size)
+        let offset = 0
+        for (const chunk of chunks) {
+          out.set(chunk, offset)
+          offset += chunk.length
+        }
+        return out
+      }),
+      Effect.catchAllCause(() => Effect.succeed(size > maxWebhookBodyBytes ? "tooLarge" as const : "unreadable" as const))
+    )
+}
+
 const httpAppFor = (rt: AgentRuntime): HttpApp.Default =>
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
-    const body = yield* Effect.option(request.arrayBuffer)
-    if (Option.isNone(body)) return HttpServerResponse.empty({ status: 401 })
-    const status = yield* rt.handleWebhook({
-      body: new Uint8Array(body.value),
-      signature: request.headers["rebuno-signature"]
-    })
+    if (declaredTooLarge(request.headers["content-length"])) return HttpServerResponse.empty({ status: 413 })
+    const body = yield* readCapped(request.stream)
+    if (body === "tooLarge") return HttpServerResponse.empty({ status: 413 })
+    if (body === "unreadable") return HttpServerResponse.empty({ status: 401 })
+    const status = yield* rt.handleWebhook({ body, signature: request.headers["rebuno-signature"] })
     return HttpServerResponse.empty({ status })
   })
 
@@ -450,17 +495,31 @@ export const toWebHandler = <In, A, E, R, LE>(
   readonly dispose: () => Promise<void>
 } => {
   const managed = ManagedRuntime.make(Layer.provide(Layer.scoped(RuntimeTag, runtime(agent)), layer))
-  const handler = (request: Request): Promise<Response> =>
-    request.arrayBuffer().then(
-      (body) =>
-        managed.runPromise(
-          Effect.flatMap(RuntimeTag, (rt) =>
-            rt.handleWebhook({ body: new Uint8Array(body), signature: request.headers.get("rebuno-signature") }))
+  const handler = (request: Request): Promise<Response> => {
+    if (declaredTooLarge(request.headers.get("content-length"))) {
+      return request.body === null
+        ? Promise.resolve(new Response(null, { status: 413 }))
+        : request.body.cancel().then(() => new Response(null, { status: 413 }), () => new Response(null, { status: 413 }))
+    }
+    const read = request.body === null
+      ? Promise.resolve<Uint8Array | "tooLarge" | "unreadable">(new Uint8Array(0))
+      : Effect.runPromise(readCapped(Stream.fromReadableStream({
+        evaluate: () => request.body!,
+        onError: (cause) => cause,
+        releaseLockOnEnd: false
+      })))
+    return read.then((body) =>
+      body === "tooLarge"
+        ? new Response(null, { status: 413 })
+        : body === "unreadable"
+        ? new Response(null, { status: 401 })
+        : managed.runPromise(
+          Effect.flatMap(RuntimeTag, (rt) => rt.handleWebhook({ body, signature: request.headers.get("rebuno-signature") }))
         ).then(
           (status) => new Response(null, { status }),
           () => new Response(null, { status: 500 })
-        ),
-      () => new Response(null, { status: 401 })
+        )
     )
+  }
   return { handler, dispose: () => managed.dispose() }
 }

@@ -25,7 +25,7 @@
  * @since 0.1.0
  */
 import { HttpBody, HttpClient, HttpClientRequest, Headers } from "@effect/platform"
-import { Clock, Config, ConfigError, Context, Duration, Effect, Either, Layer, Redacted } from "effect"
+import { Clock, Config, ConfigError, Context, Duration, Effect, Either, FiberRef, Layer, Redacted } from "effect"
 import * as Http from "./internal/http.js"
 import * as Protocol from "./Protocol.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "./RebunoError.js"
@@ -274,7 +274,13 @@ export const make = (
     const timeout = options.timeout === undefined ? defaultTimeout : Duration.decode(options.timeout)
     const v1 = options.signing === "v1"
     const httpClient = yield* HttpClient.HttpClient
-    const client = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
+    const transformed = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
+    // The sha256= scheme signs only the body, so the signature of the empty body
+    // authorises every GET and heartbeat of this agent: keep it out of the
+    // request-header attributes of the HTTP client's spans (and of logged requests).
+    const client = HttpClient.transform(transformed, (effect) =>
+      Effect.flatMap(FiberRef.get(Headers.currentRedactedNames), (names) =>
+        Effect.locally(effect, Headers.currentRedactedNames, [...names, H_SIGNATURE])))
 
     /** Sign and build one request; runs again for each retry (a fresh `v1` timestamp). */
     const build = (

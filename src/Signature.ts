@@ -76,9 +76,13 @@ const hmacKey = (secret: string): Promise<CryptoKey> => {
   let key = keyCache.get(secret)
   if (key === undefined) {
     if (keyCache.size >= MAX_CACHED_KEYS) keyCache.clear()
+    // Web Crypto refuses zero-length HMAC keys, but HMAC pads every key shorter
+    // than the block with zeros, so the empty secret is the one-zero-byte key
+    // (what Go's hmac.New([]byte("")) computes).
+    const raw = secret === "" ? new Uint8Array(1) : encoder.encode(secret)
     key = globalThis.crypto.subtle.importKey(
       "raw",
-      encoder.encode(secret),
+      raw,
       { name: "HMAC", hash: "SHA-256" },
       false,
       ["sign"]
@@ -89,11 +93,60 @@ const hmacKey = (secret: string): Promise<CryptoKey> => {
   return key
 }
 
-const hmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
+interface NodeHmac {
+  update(data: Uint8Array): NodeHmac
+  digest(encoding: "hex"): string
+}
+
+/**
+ * node:crypto's `createHmac` where the runtime offers it through
+ * `process.getBuiltinModule` (Node ≥ 20.16, Deno, Bun), found without a static
+ * import so that the module still loads anywhere. A synchronous HMAC costs a
+ * fraction of a Web Crypto `subtle.sign` job (a promise and a thread-pool round
+ * trip per call), which matters on every request an agent sends.
+ */
+const nodeCreateHmac: ((algorithm: "sha256", key: string) => NodeHmac) | undefined = (() => {
+  try {
+    const proc = (globalThis as { readonly process?: { readonly getBuiltinModule?: (id: string) => unknown } }).process
+    const crypto = typeof proc?.getBuiltinModule === "function"
+      ? proc.getBuiltinModule("node:crypto") as { readonly createHmac?: unknown } | undefined
+      : undefined
+    return typeof crypto?.createHmac === "function"
+      ? crypto.createHmac as (algorithm: "sha256", key: string) => NodeHmac
+      : undefined
+  } catch {
+    return undefined
+  }
+})()
+
+/** Web Crypto HMAC-SHA256 (the portable path; also used where node:crypto is absent). */
+const webCryptoHmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
   Effect.promise(async () => {
     const key = await hmacKey(secretText(secret))
     return toHex(await globalThis.crypto.subtle.sign("HMAC", key, message))
   })
+
+// HMAC pads every key shorter than the block with zeros, so node:crypto's empty
+// key computes the same value as Go's hmac.New([]byte("")) and the one-zero-byte
+// Web Crypto key above.
+const hmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
+  nodeCreateHmac === undefined || useWebCrypto
+    ? webCryptoHmacHex(secret, message)
+    : Effect.sync(() => nodeCreateHmac("sha256", secretText(secret)).update(message).digest("hex"))
+
+let useWebCrypto = false
+
+/**
+ * Forces the Web Crypto implementation even where node:crypto is available
+ * (tests of the portable path; both compute the same values).
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const unsafeForceWebCrypto = (force: boolean): void => {
+  useWebCrypto = force
+}
 
 /**
  * Compares two strings in time that depends only on their lengths, never on where

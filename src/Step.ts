@@ -91,6 +91,8 @@ export const make = <A, E = never, R = never, I = A, RS = never, F = never, FI =
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
   internal.runStep(options).pipe(
     Effect.withSpan("Step.make", {
+      // The frame a span would capture is this module's, not the caller's.
+      captureStackTrace: false,
       attributes: { "rebuno.step.kind": options.kind, "rebuno.step.target": options.target }
     })
   )
@@ -130,7 +132,7 @@ const runImpl = <A, E, R, I, RS, F, FI, RF>(
     success: options?.success,
     failure: options?.failure,
     body: typeof body === "function" ? body : () => body
-  }).pipe(Effect.withSpan("Step.run", { attributes: { "rebuno.step.target": name } }))
+  }).pipe(Effect.withSpan("Step.run", { captureStackTrace: false, attributes: { "rebuno.step.target": name } }))
 
 /**
  * A local step (`kind: "local"`, `target` = `name`): records the outcome of

