@@ -10,7 +10,7 @@
  *
  * @since 0.1.0
  */
-import type { ApprovalStatus, ExecutionStatus, StepStatus } from "../Protocol.js"
+import type { ApprovalStatus, DecisionKind, ExecutionStatus, StepStatus } from "../Protocol.js"
 import { Clock, Data, Effect, Either, Queue } from "effect"
 import type { Scope } from "effect"
 import { compact } from "../internal/json.js"
@@ -215,15 +215,7 @@ export interface DispatchRecord {
  * @since 0.1.0
  * @category models
  */
-export type DecisionValue =
-  | "proceed"
-  | "replay"
-  | "denied"
-  | "blocked"
-  | "execution_blocked"
-  | "rate_limited"
-  | "execution_terminal"
-  | "recorded"
+export type DecisionValue = DecisionKind
 
 /**
  * A step decision (PROTOCOL 7.1). Optional members are absent when empty;
