@@ -105,19 +105,46 @@ interface NodeHmac {
  * fraction of a Web Crypto `subtle.sign` job (a promise and a thread-pool round
  * trip per call), which matters on every request an agent sends.
  */
-const nodeCreateHmac: ((algorithm: "sha256", key: string) => NodeHmac) | undefined = (() => {
+const nodeCrypto: {
+  readonly createHmac: (algorithm: "sha256", key: unknown) => NodeHmac
+  readonly createSecretKey: ((key: Uint8Array) => unknown) | undefined
+} | undefined = (() => {
   try {
     const proc = (globalThis as { readonly process?: { readonly getBuiltinModule?: (id: string) => unknown } }).process
     const crypto = typeof proc?.getBuiltinModule === "function"
-      ? proc.getBuiltinModule("node:crypto") as { readonly createHmac?: unknown } | undefined
+      ? proc.getBuiltinModule("node:crypto") as { readonly createHmac?: unknown; readonly createSecretKey?: unknown } | undefined
       : undefined
-    return typeof crypto?.createHmac === "function"
-      ? crypto.createHmac as (algorithm: "sha256", key: string) => NodeHmac
-      : undefined
+    if (typeof crypto?.createHmac !== "function") return undefined
+    return {
+      createHmac: crypto.createHmac as (algorithm: "sha256", key: unknown) => NodeHmac,
+      createSecretKey: typeof crypto.createSecretKey === "function"
+        ? crypto.createSecretKey as (key: Uint8Array) => unknown
+        : undefined
+    }
   } catch {
     return undefined
   }
 })()
+
+/** node:crypto `KeyObject`s per secret, so that each HMAC does not prepare the key again. */
+const nodeKeyCache = new Map<string, unknown>()
+
+const nodeKey = (secret: string): unknown => {
+  let key = nodeKeyCache.get(secret)
+  if (key === undefined) {
+    key = secret
+    if (secret !== "" && nodeCrypto?.createSecretKey !== undefined) {
+      try {
+        key = nodeCrypto.createSecretKey(encoder.encode(secret))
+      } catch {
+        key = secret
+      }
+    }
+    if (nodeKeyCache.size >= MAX_CACHED_KEYS) nodeKeyCache.clear()
+    nodeKeyCache.set(secret, key)
+  }
+  return key
+}
 
 /** Web Crypto HMAC-SHA256 (the portable path; also used where node:crypto is absent). */
 const webCryptoHmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
@@ -130,9 +157,9 @@ const webCryptoHmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Eff
 // key computes the same value as Go's hmac.New([]byte("")) and the one-zero-byte
 // Web Crypto key above.
 const hmacHex = (secret: Secret, message: Uint8Array<ArrayBuffer>): Effect.Effect<string> =>
-  nodeCreateHmac === undefined || useWebCrypto
+  nodeCrypto === undefined || useWebCrypto
     ? webCryptoHmacHex(secret, message)
-    : Effect.sync(() => nodeCreateHmac("sha256", secretText(secret)).update(message).digest("hex"))
+    : Effect.sync(() => nodeCrypto.createHmac("sha256", nodeKey(secretText(secret))).update(message).digest("hex"))
 
 let useWebCrypto = false
 

@@ -119,7 +119,7 @@ const MAX_TIMER_MILLIS = 2_147_483_647
  * `Effect.timeoutFail`, so virtual time still drives it.
  */
 const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.Duration): Effect.Effect<A, KernelError> =>
-  process.env["NO_TIMEOUT"] === "1" ? self : Effect.clockWith((clock) => {
+  Effect.clockWith((clock) => {
     const millis = Duration.toMillis(timeout)
     if (clock.constructor !== liveClockConstructor || !(millis >= 0 && millis <= MAX_TIMER_MILLIS)) {
       return Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
