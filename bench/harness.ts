@@ -1,0 +1,53 @@
+/**
+ * Effect-side helpers shared by the end-to-end benchmarks: serve an agent on
+ * an ephemeral (or given) port over real HTTP with the real `KernelClient`
+ * (`NodeHttpClient.layerUndici`), optionally wrapping the client to observe
+ * its calls.
+ *
+ * @since 0.1.0
+ */
+import { HttpServer } from "@effect/platform"
+import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { Context, Effect, Layer } from "effect"
+import type { Scope } from "effect"
+import { createServer } from "node:http"
+import { Agent, KernelClient } from "../src/index.js"
+
+/**
+ * Serve `agent` at `http://127.0.0.1:<port>/webhook` (port 0 = any) in the
+ * current scope, talking to the kernel at `kernelUrl`. Returns the webhook URL.
+ */
+export const serveAgent = <In, A, E>(
+  agent: Agent.Agent<In, A, E, never>,
+  options: {
+    readonly kernelUrl: string
+    readonly secret: string
+    readonly port?: number | undefined
+    readonly wrap?: ((client: KernelClient.KernelClient["Type"]) => KernelClient.KernelClient["Type"]) | undefined
+  }
+): Effect.Effect<string, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const serverContext = yield* Layer.build(
+      NodeHttpServer.layer(() => createServer({ keepAliveTimeout: 60_000 }), {
+        port: options.port ?? 0,
+        host: "127.0.0.1"
+      })
+    ).pipe(Effect.orDie)
+    const server = Context.get(serverContext, HttpServer.HttpServer)
+    const address = server.address
+    const port = address._tag === "TcpAddress" ? address.port : 0
+    // Built in this scope: `Effect.provide(layer)` would close the undici pool as soon as `make` returned.
+    const http = yield* Layer.build(NodeHttpClient.layerUndici)
+    const client = yield* KernelClient.make({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
+      Effect.provide(http),
+      Effect.orDie
+    )
+    const wrapped = options.wrap === undefined ? client : options.wrap(client)
+    yield* Layer.build(
+      Agent.layer(agent).pipe(
+        Layer.provide(Layer.succeed(KernelClient.KernelClient, wrapped)),
+        Layer.provide(Layer.succeedContext(serverContext))
+      )
+    )
+    return `http://127.0.0.1:${port}/webhook`
+  })

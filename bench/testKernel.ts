@@ -1,0 +1,123 @@
+/**
+ * `testkernel`: the in-process test kit (`TestKernel.layer`, direct transport,
+ * under `TestContext`). Two figures:
+ *
+ * - steps/s of an agent doing many sequential no-op tool steps, timed inside
+ *   the handler (and for the whole create + settle, which also decodes the
+ *   run's steps and events);
+ * - the wall time of a typical agent test: create + settle of a 100-step run
+ *   (median over several runs in one layer), and the same including building
+ *   the layer (a fresh kit per test, as `it.effect` does).
+ *
+ * @since 0.1.0
+ */
+import { Effect, Schema, TestContext } from "effect"
+import { Agent, Tool } from "../src/index.js"
+import { TestKernel } from "../src/testing/index.js"
+import type { BenchOptions, Result } from "./util.js"
+import { log, median, nowMs, round } from "./util.js"
+
+const makeAgents = () => {
+  let steps = 0
+  let elapsed = 0
+  const noop = Tool.make("noop", {
+    args: Schema.Struct({ i: Schema.Number }),
+    success: Schema.Struct({ ok: Schema.Boolean }),
+    execute: () => Effect.succeed({ ok: true })
+  })
+  const many = Agent.make({
+    id: "many",
+    handler: () =>
+      Effect.gen(function*() {
+        const t0 = nowMs()
+        for (let i = 0; i < steps; i++) yield* noop({ i })
+        elapsed = nowMs() - t0
+        return { steps }
+      })
+  })
+  const hundred = Agent.make({
+    id: "hundred",
+    handler: () =>
+      Effect.gen(function*() {
+        for (let i = 0; i < 100; i++) yield* noop({ i })
+        return { steps: 100 }
+      })
+  })
+  return {
+    many,
+    hundred,
+    setSteps: (n: number) => {
+      steps = n
+      elapsed = -1
+    },
+    elapsed: () => elapsed
+  }
+}
+
+/** Runs the `testkernel` figures. */
+export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>> => {
+  const agents = makeAgents()
+  const steps = options.quick ? 2_000 : 10_000
+  const rounds = options.quick ? 3 : 5
+  const testRuns = options.quick ? 10 : 30
+  const program = Effect.gen(function*() {
+    const kernel = yield* TestKernel.TestKernel
+    // warm-up
+    agents.setSteps(500)
+    yield* kernel.run(agents.many, {})
+    const inside: Array<number> = []
+    const whole: Array<number> = []
+    for (let r = 0; r < rounds; r++) {
+      agents.setSteps(steps)
+      const t0 = nowMs()
+      const result = yield* kernel.run(agents.many, {})
+      const t1 = nowMs()
+      if (result.status !== "completed" || agents.elapsed() < 0) {
+        return yield* Effect.dieMessage(`testkernel: run ended ${result.status} ${result.failureReason}`)
+      }
+      inside.push((steps * 1000) / agents.elapsed())
+      whole.push((steps * 1000) / (t1 - t0))
+      log(`  testkernel round ${r + 1}/${rounds}: ${round(inside[r]!)} steps/s in the handler, ${round(whole[r]!)} incl. create + settle`)
+    }
+    const hundred: Array<number> = []
+    for (let r = 0; r < testRuns; r++) {
+      const t0 = nowMs()
+      const result = yield* kernel.run(agents.hundred, {})
+      hundred.push(nowMs() - t0)
+      if (result.status !== "completed") return yield* Effect.dieMessage("testkernel: 100-step run failed")
+    }
+    return { inside, whole, hundred }
+  }).pipe(
+    Effect.provide(TestKernel.layer({ agents: [agents.many, agents.hundred] })),
+    Effect.provide(TestContext.TestContext)
+  )
+  log(`testkernel: ${rounds} runs of ${steps} sequential steps, then ${testRuns} 100-step tests`)
+  const { hundred, inside, whole } = await Effect.runPromise(program)
+
+  // A whole test: a fresh kit (layer build) + create + settle of the 100-step agent.
+  const fresh: Array<number> = []
+  for (let r = 0; r < (options.quick ? 5 : 15); r++) {
+    const t0 = nowMs()
+    await Effect.runPromise(
+      Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        return yield* kernel.run(agents.hundred, {})
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [agents.hundred] })), Effect.provide(TestContext.TestContext))
+    )
+    fresh.push(nowMs() - t0)
+  }
+  const stepsPerS = median(inside)
+  return [{
+    name: "testkernel",
+    transport: "direct",
+    steps_per_run: steps,
+    runs: rounds,
+    steps_per_s: round(stepsPerS),
+    steps_per_s_incl_create_settle: round(median(whole)),
+    us_per_step: round(1e6 / stepsPerS, 1),
+    target_steps_per_s: 50_000,
+    test_100_steps_ms: round(median(hundred), 1),
+    test_100_steps_fresh_layer_ms: round(median(fresh), 1),
+    test_100_steps_runs: hundred.length
+  }]
+}
