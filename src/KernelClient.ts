@@ -358,18 +358,28 @@ export const make = (
     const executionPath = (executionId: string) => "/v0/executions/" + executionId
     const stepPath = (executionId: string, stepId: string) => "/v0/executions/" + executionId + "/steps/" + stepId
 
-    const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
+    /** Complete or fail a step: both are idempotent on the kernel, so both retry transport failures. */
+    const postStepOutcome = (
+      outcome: "complete" | "fail",
+      caller: Caller,
+      executionId: string,
+      stepId: string,
+      body: () => string
+    ) =>
       Effect.suspend(() =>
         exchange(
           "POST",
-          stepPath(executionId, stepId) + "/fail",
+          stepPath(executionId, stepId) + "/" + outcome,
           caller.agentId,
           caller.lease,
-          encoder.encode("{\"error\":" + errorJson + "}"),
+          encoder.encode(body()),
           decodeDecision,
           fail(stepFailure)
         ).pipe(Http.retryTransport)
-      ).pipe(span("failStep", executionId, stepId))
+      ).pipe(span(outcome === "complete" ? "completeStep" : "failStep", executionId, stepId))
+
+    const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
+      postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
 
     const service: KernelClient.Service = {
       secret,
@@ -402,17 +412,7 @@ export const make = (
           )
         }).pipe(span("submitStep", executionId)),
       completeStep: (caller, executionId, stepId, resultJson) =>
-        Effect.suspend(() =>
-          exchange(
-            "POST",
-            stepPath(executionId, stepId) + "/complete",
-            caller.agentId,
-            caller.lease,
-            encoder.encode("{\"result\":" + resultJson + "}"),
-            decodeDecision,
-            fail(stepFailure)
-          ).pipe(Http.retryTransport)
-        ).pipe(span("completeStep", executionId, stepId)),
+        postStepOutcome("complete", caller, executionId, stepId, () => "{\"result\":" + resultJson + "}"),
       failStep: (caller, executionId, stepId, message) =>
         failStepJson(caller, executionId, stepId, "{\"message\":" + JSON.stringify(message) + "}"),
       failStepJson,
