@@ -1,59 +1,9 @@
-import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Stream, TestClock } from "effect"
 import * as Client from "../src/Client.js"
 import { makeSseParser } from "../src/internal/http.js"
 import { InvalidArguments, KernelError } from "../src/RebunoError.js"
-
-// ---------------------------------------------------------------------------
-// In-memory HttpClient double: records requests, answers from a script.
-// ---------------------------------------------------------------------------
-
-interface Recorded {
-  readonly method: string
-  readonly url: string
-  readonly headers: Readonly<Record<string, string>>
-  readonly text: string | undefined
-}
-
-type Answer = Response | "transport" | "never"
-
-const TRACE_HEADERS = new Set(["traceparent", "b3", "tracestate"])
-
-const makeDouble = (script: (request: Recorded, index: number) => Answer) => {
-  const requests: Array<Recorded> = []
-  const client = HttpClient.make((request, url) =>
-    Effect.suspend(() => {
-      const body = request.body._tag === "Uint8Array" ? request.body.body : undefined
-      const headers: Record<string, string> = {}
-      for (const [k, v] of Object.entries(request.headers)) if (!TRACE_HEADERS.has(k)) headers[k] = v
-      const recorded: Recorded = {
-        method: request.method,
-        url: url.toString(),
-        headers,
-        text: body === undefined ? undefined : new TextDecoder().decode(body)
-      }
-      requests.push(recorded)
-      const answer = script(recorded, requests.length - 1)
-      if (answer === "never") return Effect.never
-      if (answer === "transport") {
-        return Effect.fail(
-          new HttpClientError.RequestError({ request, reason: "Transport", cause: new Error("socket hang up") })
-        )
-      }
-      return Effect.succeed(HttpClientResponse.fromWeb(request, answer))
-    })
-  )
-  return { requests, layer: Layer.succeed(HttpClient.HttpClient, client) }
-}
-
-const json = (status: number, body: unknown) =>
-  new Response(JSON.stringify(body) + "\n", {
-    status,
-    headers: { "content-type": "application/json; charset=utf-8" }
-  })
-const noContent = () => new Response(null, { status: 204 })
-const envelope = (status: number, code: string, message: string) => json(status, { code, message })
+import { type Answer, envelope, json, makeDouble, noContent, type Recorded } from "./support/httpDouble.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
 const EXEC2 = "0192f1a0-0000-7000-8000-000000000002"

@@ -1,4 +1,3 @@
-import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
 import {
   Chunk,
@@ -13,60 +12,7 @@ import {
 } from "effect"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
-
-// ---------------------------------------------------------------------------
-// In-memory HttpClient double: records requests, answers from a script.
-// ---------------------------------------------------------------------------
-
-interface Recorded {
-  readonly method: string
-  readonly url: string
-  readonly headers: Readonly<Record<string, string>>
-  /** Request body bytes; `undefined` when the request had no body at all. */
-  readonly body: Uint8Array | undefined
-  readonly text: string | undefined
-}
-
-type Answer = Response | "transport" | "never"
-
-const TRACE_HEADERS = new Set(["traceparent", "b3", "tracestate"])
-
-const makeDouble = (script: (request: Recorded, index: number) => Answer) => {
-  const requests: Array<Recorded> = []
-  const client = HttpClient.make((request, url) =>
-    Effect.suspend(() => {
-      const body = request.body._tag === "Uint8Array" ? request.body.body : undefined
-      const headers: Record<string, string> = {}
-      for (const [k, v] of Object.entries(request.headers)) if (!TRACE_HEADERS.has(k)) headers[k] = v
-      const recorded: Recorded = {
-        method: request.method,
-        url: url.toString(),
-        headers,
-        body,
-        text: body === undefined ? undefined : new TextDecoder().decode(body)
-      }
-      requests.push(recorded)
-      const answer = script(recorded, requests.length - 1)
-      if (answer === "never") return Effect.never
-      if (answer === "transport") {
-        return Effect.fail(
-          new HttpClientError.RequestError({ request, reason: "Transport", cause: new Error("connect ECONNREFUSED") })
-        )
-      }
-      return Effect.succeed(HttpClientResponse.fromWeb(request, answer))
-    })
-  )
-  return { requests, layer: Layer.succeed(HttpClient.HttpClient, client) }
-}
-
-const json = (status: number, body: unknown) =>
-  new Response(JSON.stringify(body) + "\n", {
-    status,
-    headers: { "content-type": "application/json; charset=utf-8" }
-  })
-const noContent = () => new Response(null, { status: 204 })
-const envelope = (status: number, code: string, message: string, extra: Record<string, unknown> = {}) =>
-  json(status, { code, message, ...extra })
+import { type Answer, envelope, json, makeDouble, noContent, type Recorded } from "./support/httpDouble.js"
 
 const SECRET = "hello-secret"
 const EMPTY_SIGNATURE = "sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703"
