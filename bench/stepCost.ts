@@ -4,7 +4,8 @@
  * compared side by side with a bare keep-alive undici client that sends the
  * same bytes, signs each request with node:crypto, and parses each answer.
  *
- * Rounds alternate bare, sdk, bare, sdk…; the figures are medians.
+ * Rounds interleave the sides (bare, platform floor, SDK on undici, SDK on
+ * HttpClient, bare, …); the figures are medians.
  *
  * @since 0.1.0
  */
@@ -113,7 +114,7 @@ const makeFloor = (baseUrl: string) => {
 class RuntimeTag extends Context.Tag("bench/AgentRuntime")<RuntimeTag, Agent.AgentRuntime>() {}
 
 /** The SDK side: a real agent runtime whose handler runs `steps` sequential no-op tool steps. */
-const makeSdk = (baseUrl: string, tracing = true, httpSpans = true) => {
+const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = true) => {
   let steps = 0
   let elapsed = 0
   const noop = Tool.make("noop", {
@@ -131,12 +132,11 @@ const makeSdk = (baseUrl: string, tracing = true, httpSpans = true) => {
       })
   })
   const layer = Layer.scoped(RuntimeTag, Agent.runtime(agent)).pipe(
-    Layer.provide(KernelClient.layer({
-      baseUrl,
-      secret: SECRET,
-      ...(httpSpans ? {} : { transformClient: HttpClient.withTracerDisabledWhen(() => true) })
-    })),
-    Layer.provide(NodeHttpClient.layerUndici)
+    Layer.provide(
+      transport === "undici"
+        ? KernelClient.layerUndici({ baseUrl, secret: SECRET })
+        : KernelClient.layer({ baseUrl, secret: SECRET }).pipe(Layer.provide(NodeHttpClient.layerUndici))
+    )
   )
   const runtime = ManagedRuntime.make(layer)
   let attempt = 0
@@ -165,6 +165,8 @@ const makeSdk = (baseUrl: string, tracing = true, httpSpans = true) => {
   return { run, close: () => runtime.dispose() }
 }
 
+type Side = "bare" | "floor" | "sdk" | "sdk_httpclient"
+
 const pair = async (
   name: string,
   options: BenchOptions,
@@ -176,58 +178,64 @@ const pair = async (
   const rounds = options.quick ? 5 : 9
   const bare = makeBare(baseUrl)
   const floor = makeFloor(baseUrl)
-  const sdk = makeSdk(baseUrl)
+  const sdk = makeSdk(baseUrl, "undici")
+  const sdkHttpClient = makeSdk(baseUrl, "httpclient")
   const executionId = replay ? REPLAY_EXECUTION_ID : PROCEED_EXECUTION_ID
-  // Warm-up (JIT, connections).
-  await bare.run(executionId, Math.min(300, steps), replay)
-  await floor.run(executionId, Math.min(300, steps), replay)
-  await sdk.run(executionId, Math.min(300, steps))
-  const rates = { bare: [] as Array<number>, floor: [] as Array<number>, sdk: [] as Array<number> }
-  const cpu = { bare: [] as Array<number>, floor: [] as Array<number>, sdk: [] as Array<number> }
-  const measure = async (which: "bare" | "floor" | "sdk", f: () => Promise<number>) => {
-    const c0 = process.cpuUsage()
-    const ms = await f()
-    const c = process.cpuUsage(c0)
-    rates[which].push((steps * 1000) / ms)
-    cpu[which].push((c.user + c.system) / steps)
+  const runners: Record<Side, (n: number) => Promise<number>> = {
+    bare: (n) => bare.run(executionId, n, replay),
+    floor: (n) => floor.run(executionId, n, replay),
+    sdk: (n) => sdk.run(executionId, n),
+    sdk_httpclient: (n) => sdkHttpClient.run(executionId, n)
   }
+  const sides = Object.keys(runners) as ReadonlyArray<Side>
+  // Warm-up (JIT, connections).
+  for (const side of sides) await runners[side](Math.min(300, steps))
+  const rates: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
+  const cpu: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
   for (let r = 0; r < rounds; r++) {
-    // Interleaved: bare, floor, sdk, bare, floor, sdk, …
-    await measure("bare", () => bare.run(executionId, steps, replay))
-    await measure("floor", () => floor.run(executionId, steps, replay))
-    await measure("sdk", () => sdk.run(executionId, steps))
+    // Interleaved: bare, floor, sdk, sdk_httpclient, bare, …
+    for (const side of sides) {
+      const c0 = process.cpuUsage()
+      const ms = await runners[side](steps)
+      const c = process.cpuUsage(c0)
+      rates[side].push((steps * 1000) / ms)
+      cpu[side].push((c.user + c.system) / steps)
+    }
     log(
       `  ${name} round ${r + 1}/${rounds}: bare ${round(rates.bare[r]!)}, platform floor ${
         round(rates.floor[r]!)
-      }, sdk ${round(rates.sdk[r]!)} steps/s`
+      }, sdk ${round(rates.sdk[r]!)}, sdk on HttpClient ${round(rates.sdk_httpclient[r]!)} steps/s`
     )
   }
   await bare.close()
   await floor.close()
   await sdk.close()
-  const bareRate = median(rates.bare)
-  const floorRate = median(rates.floor)
-  const sdkRate = median(rates.sdk)
+  await sdkHttpClient.close()
+  const rate = (side: Side) => median(rates[side])
+  const bareRate = rate("bare")
   return {
     name,
     steps_per_round: steps,
     rounds,
     round_trips_per_step: replay ? 1 : 2,
-    sdk_steps_per_s: round(sdkRate),
+    sdk_steps_per_s: round(rate("sdk")),
     bare_steps_per_s: round(bareRate),
-    ratio: round(sdkRate / bareRate, 3),
+    ratio: round(rate("sdk") / bareRate, 3),
     ...(replay ? {} : { target_ratio: 0.8 }),
-    sdk_us_per_step: round(1e6 / sdkRate, 1),
+    sdk_us_per_step: round(1e6 / rate("sdk"), 1),
     bare_us_per_step: round(1e6 / bareRate, 1),
     sdk_cpu_us_per_step: round(median(cpu.sdk), 1),
     bare_cpu_us_per_step: round(median(cpu.bare), 1),
-    // The same requests through @effect/platform's HttpClient with no SDK code: what any Effect client pays.
-    platform_floor_steps_per_s: round(floorRate),
-    platform_floor_ratio: round(floorRate / bareRate, 3),
+    // The SDK on @effect/platform's HttpClient (KernelClient.layer + NodeHttpClient.layerUndici).
+    sdk_httpclient_steps_per_s: round(rate("sdk_httpclient")),
+    sdk_httpclient_ratio: round(rate("sdk_httpclient") / bareRate, 3),
+    sdk_httpclient_cpu_us_per_step: round(median(cpu.sdk_httpclient), 1),
+    // The same requests through @effect/platform's HttpClient with no SDK code: what any HttpClient user pays.
+    platform_floor_steps_per_s: round(rate("floor")),
+    platform_floor_ratio: round(rate("floor") / bareRate, 3),
     platform_floor_cpu_us_per_step: round(median(cpu.floor), 1),
-    sdk_vs_floor: round(sdkRate / floorRate, 3),
     stub: "node:http child process on 127.0.0.1, keep-alive",
-    client: "NodeHttpClient.layerUndici vs undici.Agent + node:crypto createHmac"
+    client: "sdk: KernelClient.layerUndici; bare: undici.Agent.request + node:crypto createHmac"
   }
 }
 
@@ -247,7 +255,7 @@ export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>>
 
 /** For `bench/profile.ts`: the SDK side alone. */
 export const profileSdk = async (baseUrl: string, replay: boolean, steps: number): Promise<void> => {
-  const sdk = makeSdk(baseUrl)
+  const sdk = makeSdk(baseUrl, process.env["BENCH_TRANSPORT"] === "httpclient" ? "httpclient" : "undici")
   await sdk.run(replay ? REPLAY_EXECUTION_ID : PROCEED_EXECUTION_ID, 500)
   for (let i = 0; i < 3; i++) {
     const c0 = process.cpuUsage()

@@ -43,6 +43,7 @@ import { decodeRefusal, failureReason, inputInvalid } from "./internal/failureRe
 import { stringifyStrict } from "./internal/json.js"
 import { issueMessages } from "./internal/run.js"
 import { makeRunState } from "./internal/runtime.js"
+import * as Tracing from "./internal/tracing.js"
 import type { RunState } from "./internal/runtime.js"
 import { isTransportFailure } from "./internal/http.js"
 
@@ -230,7 +231,7 @@ export const runtime = <In, A, E, R>(
           )
         )
         return 200
-      }).pipe(Effect.withSpan("Agent.handleWebhook", { attributes: { "rebuno.agent_id": agent.id } }))
+      }).pipe(Tracing.withSpan("Agent.handleWebhook", { attributes: { "rebuno.agent_id": agent.id } }))
 
     return {
       agentId: agent.id,

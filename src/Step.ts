@@ -14,6 +14,7 @@
 import { Clock, Effect, Random, Schema } from "effect"
 import type { Execution } from "./Execution.js"
 import * as internal from "./internal/run.js"
+import * as Tracing from "./internal/tracing.js"
 
 /**
  * `safe_to_retry` (default): a body whose earlier run died is run again.
@@ -90,9 +91,7 @@ export const make = <A, E = never, R = never, I = A, RS = never, F = never, FI =
   options: Options<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
   internal.runStep(options).pipe(
-    Effect.withSpan("Step.make", {
-      // The frame a span would capture is this module's, not the caller's.
-      captureStackTrace: false,
+    Tracing.withSpan("Step.make", {
       attributes: { "rebuno.step.kind": options.kind, "rebuno.step.target": options.target }
     })
   )
@@ -132,7 +131,7 @@ const runImpl = <A, E, R, I, RS, F, FI, RF>(
     success: options?.success,
     failure: options?.failure,
     body: typeof body === "function" ? body : () => body
-  }).pipe(Effect.withSpan("Step.run", { captureStackTrace: false, attributes: { "rebuno.step.target": name } }))
+  }).pipe(Tracing.withSpan("Step.run", { attributes: { "rebuno.step.target": name } }))
 
 /**
  * A local step (`kind: "local"`, `target` = `name`): records the outcome of

@@ -14,7 +14,9 @@
 import { Effect, JSONSchema, Schema } from "effect"
 import type { Execution } from "./Execution.js"
 import { InvalidArguments, PolicyError } from "./RebunoError.js"
+import * as Codec from "./internal/codec.js"
 import * as internal from "./internal/run.js"
+import * as Tracing from "./internal/tracing.js"
 import type { Idempotency, StepContext, StepError } from "./Step.js"
 
 /**
@@ -80,26 +82,29 @@ const build = <
   R
 >(name: string, options: Options<Args, Success, Failure, R>): Tool<Args, Success, Failure, R> => {
   const idempotency = options.idempotency ?? "safe_to_retry"
+  const step = (args: Schema.Schema.Type<Args>, encodedArgs: unknown) =>
+    internal.runStep({
+      kind: "tool_call",
+      target: name,
+      args: encodedArgs,
+      idempotency,
+      success: options.success as Schema.Schema<Schema.Schema.Type<Success>, unknown, unknown>,
+      failure: options.failure as Schema.Schema<Schema.Schema.Type<Failure>, unknown, unknown> | undefined,
+      body: (context) => options.execute(args, context)
+    })
+  const span = Tracing.withSpan("Tool.call", { attributes: { "rebuno.tool": name } })
   const call = (args: Schema.Schema.Type<Args>) =>
-    Schema.encode(options.args)(args).pipe(
-      Effect.catchAll((error) => {
-        const issue = internal.firstIssue(error)
-        return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
-      }),
-      Effect.flatMap((encodedArgs) =>
-        internal.runStep({
-          kind: "tool_call",
-          target: name,
-          args: encodedArgs,
-          idempotency,
-          success: options.success as Schema.Schema<Schema.Schema.Type<Success>, unknown, unknown>,
-          failure: options.failure as Schema.Schema<Schema.Schema.Type<Failure>, unknown, unknown> | undefined,
-          body: (context) => options.execute(args, context)
-        })
-      ),
-      // The stack frame a span would capture here is this module's, not the caller's: skip it.
-      Effect.withSpan("Tool.call", { captureStackTrace: false, attributes: { "rebuno.tool": name } })
-    )
+    span(Effect.suspend(() => {
+      const quick = Codec.encodeSync(options.args, args)
+      if (quick !== undefined) return step(args, quick.value)
+      return Schema.encode(options.args)(args).pipe(
+        Effect.catchAll((error) => {
+          const issue = internal.firstIssue(error)
+          return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
+        }),
+        Effect.flatMap((encodedArgs) => step(args, encodedArgs))
+      )
+    }))
   let jsonSchema: JSONSchema.JsonSchema7Root | undefined
   return Object.defineProperties(call, {
     name: { value: name, enumerable: true },

@@ -106,8 +106,19 @@ export const send = (
 /** The constructor of Effect's live `Clock` (the default service). */
 const liveClockConstructor: unknown = Effect.runSync(Clock.clockWith((clock) => Effect.succeed(clock.constructor)))
 
-/** The longest delay `setTimeout` honours. */
-const MAX_TIMER_MILLIS = 2_147_483_647
+/**
+ * Is this Effect's live clock (so that a plain timer measures the same time)?
+ *
+ * @internal
+ */
+export const isLiveClock = (clock: Clock.Clock): boolean => clock.constructor === liveClockConstructor
+
+/**
+ * The longest delay `setTimeout` honours.
+ *
+ * @internal
+ */
+export const MAX_TIMER_MILLIS = 2_147_483_647
 
 /**
  * Fail with the timeout error unless `self` finishes within `timeout`.
@@ -121,7 +132,7 @@ const MAX_TIMER_MILLIS = 2_147_483_647
 const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.Duration): Effect.Effect<A, KernelError> =>
   Effect.clockWith((clock) => {
     const millis = Duration.toMillis(timeout)
-    if (clock.constructor !== liveClockConstructor || !(millis >= 0 && millis <= MAX_TIMER_MILLIS)) {
+    if (!isLiveClock(clock) || !(millis >= 0 && millis <= MAX_TIMER_MILLIS)) {
       return Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
     }
     return Effect.uninterruptibleMask((restore) =>

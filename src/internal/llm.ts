@@ -33,6 +33,7 @@ import { stringifyStrict } from "./json.js"
 import { answerFor, refusalAnswer, registerRefusalResponse } from "./llmRefusal.js"
 import type { Refusal, RefusalAnswer } from "./llmRefusal.js"
 import { teeStream } from "./llmStream.js"
+import * as Tracing from "./tracing.js"
 import type { TeeHooks } from "./llmStream.js"
 
 /**
@@ -488,7 +489,7 @@ const proceedFetch = (
   })
 
 const span = (name: string, call: Call) =>
-  Effect.withSpan(name, { attributes: { "rebuno.step.kind": KIND, "rebuno.step.target": call.target } })
+  Tracing.withSpan(name, { attributes: { "rebuno.step.kind": KIND, "rebuno.step.target": call.target } })
 
 const recordFetch = (
   call: Call,

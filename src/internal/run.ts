@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Effect, Exit, ParseResult, Schema } from "effect"
+import { Cause, Effect, ParseResult, Schema } from "effect"
 import { Execution } from "../Execution.js"
 import type * as Protocol from "../Protocol.js"
 import {
@@ -25,6 +25,7 @@ import {
   ToolError
 } from "../RebunoError.js"
 import type { RunSignal } from "../RebunoError.js"
+import * as Codec from "./codec.js"
 import { stringifyStrict } from "./json.js"
 import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
 import type { StepFailureRecord } from "./runtime.js"
@@ -121,30 +122,32 @@ const signal = <S extends RunSignal>(execution: Execution.Service, s: S): Effect
  * @category internal
  * @internal
  */
-export const submit = Effect.fnUntraced(function*(execution: Execution.Service, submission: Submission) {
+export const submit = (
+  execution: Execution.Service,
+  submission: Submission
+): Effect.Effect<Admission, StepError> => {
   const args = stringifyStrict(submission.args)
   if (args._tag === "Invalid") {
-    return yield* new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason })
+    return Effect.fail(new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason }))
   }
-  const decision = yield* execution.kernel.submitStep(execution.caller, execution.executionId, {
-    kind: submission.kind,
-    target: submission.target,
-    argsJson: args.json,
-    idempotency: submission.idempotency
-  }).pipe(
-    Effect.catchTags({
-      KernelError: (e) =>
-        isTransportFailure(e) ?
-          signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` })) :
-          Effect.fail(e),
-      PolicyError: (e) =>
-        Effect.fail(
-          e.target === undefined ? new PolicyError({ ...e, target: submission.target }) : e
-        )
-    })
+  return Effect.matchEffect(
+    execution.kernel.submitStep(execution.caller, execution.executionId, {
+      kind: submission.kind,
+      target: submission.target,
+      argsJson: args.json,
+      idempotency: submission.idempotency
+    }),
+    {
+      onFailure: (e): Effect.Effect<never, StepError> =>
+        e instanceof KernelError && isTransportFailure(e)
+          ? signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` }))
+          : e instanceof PolicyError && e.target === undefined
+          ? Effect.fail(new PolicyError({ ...e, target: submission.target }))
+          : Effect.fail(e),
+      onSuccess: (decision) => admit(execution, submission.target, decision)
+    }
   )
-  return yield* admit(execution, submission.target, decision)
-})
+}
 
 /**
  * Map a submit decision to an admission or a typed error (table 7.2).
@@ -196,15 +199,18 @@ export const admit = (
   }
 }
 
-/** Map the answer to a step complete / fail (7.2: `recorded` or informational `replay`). */
+/**
+ * Map the answer to a step complete / fail (7.2: `recorded` or informational
+ * `replay`): `undefined` when the outcome is recorded, else the error.
+ */
 const settled = (
   execution: Execution.Service,
   decision: Protocol.StepDecision
-): Effect.Effect<void, Terminated | KernelError> => {
+): Effect.Effect<never, Terminated | KernelError> | undefined => {
   switch (decision.decision) {
     case "recorded":
     case "replay":
-      return Effect.void
+      return undefined
     case "execution_terminal":
       return signal(execution, new Terminated())
     default:
@@ -213,25 +219,27 @@ const settled = (
 }
 
 /**
- * `POST …/complete`. Transport failures left after the client's retries
- * abandon the run (15.1).
+ * `POST …/complete`, then succeed with `value`. Transport failures left after
+ * the client's retries abandon the run (15.1).
  *
  * @since 0.1.0
  * @category internal
  * @internal
  */
-export const complete = (
+export const complete = <A>(
   execution: Execution.Service,
   stepId: string,
-  resultJson: string
-): Effect.Effect<void, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-  execution.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson).pipe(
-    Effect.flatMap((decision) => settled(execution, decision)),
-    Effect.catchIf(
-      (e): e is KernelError => isTransportFailure(e),
-      (e) => signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
-    )
-  )
+  resultJson: string,
+  value: A
+): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
+  Effect.matchEffect(execution.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson), {
+    onFailure: (e): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
+      e instanceof KernelError && isTransportFailure(e)
+        ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
+        : Effect.fail(e),
+    onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> =>
+      settled(execution, decision) ?? Effect.succeed(value)
+  })
 
 /**
  * `POST …/fail` with the error object. Error answers are swallowed (14.4),
@@ -249,7 +257,7 @@ export const fail = (
   error: StepFailureRecord
 ): Effect.Effect<void, LeaseSuperseded | Terminated | Abandoned> =>
   execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error).pipe(
-    Effect.flatMap((decision) => settled(execution, decision)),
+    Effect.flatMap((decision) => settled(execution, decision) ?? Effect.void),
     Effect.catchIf(
       (e): e is KernelError => e instanceof KernelError,
       (e) =>
@@ -328,51 +336,57 @@ const isPropagated = (e: unknown): e is RunSignal | PolicyError | RateLimited =>
 export const runStep = <A, E, R, I, RS, F, FI, RF>(
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
-  Effect.gen(function*() {
-    const execution = yield* Execution
+  Effect.flatMap(Execution, (execution) => {
     const idempotency = options.idempotency ?? "safe_to_retry"
-    const admission = yield* submit(execution, {
-      kind: options.kind,
-      target: options.target,
-      args: options.args === undefined ? {} : options.args,
-      idempotency
-    })
-    if (admission._tag === "Replay") {
-      return yield* replay(options, admission)
-    }
-    const { stepId } = admission
-    const exit = yield* Effect.exit(
-      Effect.suspend(() => options.body({ stepId, kind: options.kind, target: options.target, idempotency }))
-    )
-    if (Exit.isSuccess(exit)) {
-      const encoded = yield* encodeResult(options.success, exit.value)
-      if (encoded._tag === "Ok") {
-        yield* complete(execution, stepId, encoded.json)
-        return exit.value
+    return Effect.flatMap(
+      submit(execution, {
+        kind: options.kind,
+        target: options.target,
+        args: options.args === undefined ? {} : options.args,
+        idempotency
+      }),
+      (admission): Effect.Effect<A, StepError | F, R | RS | RF> => {
+        if (admission._tag === "Replay") return replay(options, admission)
+        const { stepId } = admission
+        return Effect.matchCauseEffect(
+          Effect.suspend(() => options.body({ stepId, kind: options.kind, target: options.target, idempotency })),
+          {
+            onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
+            onSuccess: (value) => record(execution, options, stepId, value)
+          }
+        )
       }
-      return yield* recordFailure(execution, options.target, stepId, encoded.message)
-    }
-    return yield* bodyFailed(execution, options, stepId, exit.cause)
+    )
   })
 
-type Encoded = { readonly _tag: "Ok"; readonly json: string } | { readonly _tag: "Invalid"; readonly message: string }
-
-const encodeResult = <A, I, RS>(
-  schema: Schema.Schema<A, I, RS> | undefined,
+/** Encode a body's result and record it (or record why it cannot be). */
+const record = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>,
+  stepId: string,
   value: A
-): Effect.Effect<Encoded, never, RS> => {
-  const encoded: Effect.Effect<unknown, ParseResult.ParseError, RS> = schema === undefined ?
-    Effect.succeed(value) :
-    Schema.encode(schema)(value)
-  return Effect.match(encoded, {
-    onFailure: (error): Encoded => ({ _tag: "Invalid", message: `result does not encode: ${error.message}` }),
-    onSuccess: (output): Encoded => {
-      const checked = stringifyStrict(output === undefined ? null : output)
-      return checked._tag === "Ok" ?
-        checked :
-        { _tag: "Invalid", message: `result is not JSON at ${checked.path}: ${checked.reason}` }
-    }
+): Effect.Effect<A, StepError, RS> => {
+  const schema = options.success
+  if (schema === undefined) return recordEncoded(execution, options.target, stepId, value, value)
+  const quick = Codec.encodeSync(schema, value)
+  if (quick !== undefined) return recordEncoded(execution, options.target, stepId, quick.value, value)
+  return Effect.matchEffect(Schema.encode(schema)(value), {
+    onFailure: (error) => recordFailure(execution, options.target, stepId, `result does not encode: ${error.message}`),
+    onSuccess: (output) => recordEncoded(execution, options.target, stepId, output, value)
   })
+}
+
+const recordEncoded = <A>(
+  execution: Execution.Service,
+  target: string,
+  stepId: string,
+  output: unknown,
+  value: A
+): Effect.Effect<A, StepError> => {
+  const checked = stringifyStrict(output === undefined ? null : output)
+  return checked._tag === "Ok"
+    ? complete(execution, stepId, checked.json, value)
+    : recordFailure(execution, target, stepId, `result is not JSON at ${checked.path}: ${checked.reason}`)
 }
 
 /** Fail the step with `{"message": …}` and raise the ToolError a replay would raise. */
@@ -450,6 +464,8 @@ const replay = <A, E, R, I, RS, F, FI, RF>(
     )
   }
   if (options.success === undefined) return Effect.succeed(admission.result as A)
+  const quick = Codec.decodeSync(options.success, admission.result)
+  if (quick !== undefined) return Effect.succeed(quick.value)
   return Schema.decodeUnknown(options.success)(admission.result).pipe(
     Effect.mapError((e) => decodeError(`recorded result does not decode: ${e.message}`))
   )

@@ -95,13 +95,19 @@ export const makeRunState = (
     const signal = yield* Ref.make<Option.Option<RunSignal>>(Option.none())
     const stopped = yield* Deferred.make<void>()
     const finishing = yield* Ref.make(false)
+    // Mirrors `stopped` (completed only here), so that each call checks it without an Effect.
+    let isStopped = false
+    const stop = Effect.suspend(() => {
+      isStopped = true
+      return Effect.asVoid(Deferred.succeed(stopped, undefined))
+    })
     const raise = (s: RunSignal): Effect.Effect<void> =>
       Effect.zipRight(
         Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
-        stopsTheRun(s) ? Deferred.succeed(stopped, undefined) : Effect.void
+        stopsTheRun(s) ? stop : Effect.void
       )
-    const close = Effect.asVoid(Deferred.succeed(stopped, undefined))
-    const client = scopedClient(kernel, stopped, raise)
+    const client = scopedClient(kernel, () => isStopped, raise)
+    const close = stop
     return { executionId, caller, client, signal, stopped, raise, close, finishing }
   })
 
@@ -115,21 +121,20 @@ const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>
  */
 const scopedClient = (
   kernel: KernelClient.Service,
-  stopped: Deferred.Deferred<void>,
+  isStopped: () => boolean,
   raise: (signal: RunSignal) => Effect.Effect<void>
 ): RunClient => {
+  const recordSignal = (e: unknown) => isSignalError(e) ? raise(e) : Effect.void
   const guard = <A, E, R>(
     call: () => Effect.Effect<A, E, R>,
     record = true
   ): Effect.Effect<A, E | LeaseSuperseded, R> =>
-    Effect.flatMap(
-      Deferred.isDone(stopped),
-      (done): Effect.Effect<A, E | LeaseSuperseded, R> =>
-        done
-          ? Effect.fail(new LeaseSuperseded())
-          : record
-          ? Effect.tapError(call(), (e) => isSignalError(e) ? raise(e) : Effect.void)
-          : call()
+    Effect.suspend((): Effect.Effect<A, E | LeaseSuperseded, R> =>
+      isStopped()
+        ? Effect.fail(new LeaseSuperseded())
+        : record
+        ? Effect.tapError(call(), recordSignal)
+        : call()
     )
   return {
     secret: kernel.secret,
@@ -149,8 +154,7 @@ const scopedClient = (
           : kernel.failStep(caller, executionId, stepId, error.message)
       }),
     publishDelta: (caller, executionId, stepId, seq, data) =>
-      Effect.flatMap(Deferred.isDone(stopped), (done) =>
-        done ? Effect.void : kernel.publishDelta(caller, executionId, stepId, seq, data)),
+      Effect.suspend(() => isStopped() ? Effect.void : kernel.publishDelta(caller, executionId, stepId, seq, data)),
     // The heartbeat loop decides itself what a lease_superseded answer means (5.8).
     heartbeat: (caller, executionId) => guard(() => kernel.heartbeat(caller, executionId), false),
     completeExecution: (caller, executionId, outputJson) =>

@@ -372,6 +372,26 @@ export interface KernelCore {
     lease: Lease,
     errorRaw: string | undefined
   ) => Effect.Effect<Decision, KernelFailure>
+  /**
+   * {@link submitStep} as a plain function of the current time (epoch ms), for
+   * in-process callers on a hot path (the test kit's direct client): the same
+   * state change and answer, without an Effect around it.
+   */
+  readonly unsafeSubmitStep: (
+    now: number,
+    executionId: string,
+    lease: Lease,
+    s: { readonly kind: string; readonly target: string; readonly argsRaw: string | undefined; readonly idempotency: string }
+  ) => Decision | KernelFailure
+  /** {@link completeStep} (`succeeded`) or {@link failStep} (`failed`) as a plain function of the current time. */
+  readonly unsafeSettleStep: (
+    now: number,
+    executionId: string,
+    stepId: string,
+    lease: Lease,
+    outcome: "succeeded" | "failed",
+    raw: string | undefined
+  ) => Decision | KernelFailure
   readonly heartbeat: (executionId: string, lease: Lease) => Effect.Effect<void, KernelFailure>
   readonly completeExecution: (
     executionId: string,
@@ -1439,6 +1459,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     denyApproval: (id, d) => atomic((now) => decide("deny", id, d, now)),
 
     submitStep: (executionId, lease, s) => atomic((now) => submit(now, executionId, lease, s)),
+    unsafeSubmitStep: submit,
+    unsafeSettleStep: settleStep,
     completeStep: (executionId, stepId, lease, resultRaw) =>
       atomic((now) => settleStep(now, executionId, stepId, lease, "succeeded", resultRaw)),
     failStep: (executionId, stepId, lease, errorRaw) =>

@@ -439,6 +439,18 @@ const injectedFailure = (when: "before" | "after") =>
       "injected transport failure: the connection dropped before the answer arrived"
   })
 
+const decodeStep = (s: Core.StepRecord): Protocol.Step => DirectClient.fromWire(Protocol.Step, Wire.encodeStep(s))
+const decodeEvent = (e: Core.EventRecord): Protocol.Event => DirectClient.fromWire(Protocol.Event, Wire.encodeEvent(e))
+
+/** An enumerable property computed on first read and kept. */
+const lazyProperty = <A>(compute: () => A): PropertyDescriptor => {
+  let value: { readonly a: A } | undefined
+  return {
+    enumerable: true,
+    get: () => (value ??= { a: compute() }).a
+  }
+}
+
 const snapshot = (r: CallRecord): KernelCall => ({
   seq: r.seq,
   call: r.call,
@@ -562,110 +574,132 @@ export const make = <R = never>(
       return point.call === record.call && point.index === record.index && point.when === when
     }
 
+    /** What is injected at a call once it is recorded: a stall, a crash, a lapse or a fault. */
+    const injectBefore = (info: DirectClient.CallInfo, record: CallRecord): Effect.Effect<number, KernelError> =>
+      Effect.gen(function*() {
+        // A stalled run makes no call until it wakes up.
+        const stall = stalls.get(record.key)
+        if (stall !== undefined && !stall.released) yield* parked(Deferred.await(stall.release))
+
+        const crash = crashPlans.get(info.executionId)
+        if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "before"))) {
+          crash.fired = true
+          record.injected = "crash"
+          return yield* crashNow(info.executionId, info.agentId, crash.recovery)
+        }
+        const lapse = lapsePlans.get(info.executionId)
+        if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "before")) {
+          lapse.fired = true
+          record.injected = "lapse"
+          yield* stallNow(record, info.agentId, lapse.recovery)
+        }
+        for (const plan of faultPlans.get(info.executionId) ?? []) {
+          if (plan.remaining <= 0 || plan.fault.call !== info.call) continue
+          if (plan.key === undefined) {
+            if (record.index !== (plan.fault.index ?? 0)) continue
+            plan.key = record.key
+          } else if (plan.key !== record.key) {
+            continue
+          }
+          plan.remaining--
+          record.injected = "fault"
+          if (plan.fault.when === "before") {
+            pendingCalls.delete(record.seq)
+            return yield* injectedFailure("before")
+          }
+          record.loseAnswer = true
+          break
+        }
+        return record.seq
+      })
+
+    /** Could anything be injected at this execution's calls (or is its run stalled)? */
+    const planned = (executionId: string, key: string): boolean => {
+      const stall = stalls.get(key)
+      if (stall !== undefined && !stall.released) return true
+      const crash = crashPlans.get(executionId)
+      if (crash !== undefined && !crash.fired) return true
+      const lapse = lapsePlans.get(executionId)
+      if (lapse !== undefined && !lapse.fired) return true
+      const faults = faultPlans.get(executionId)
+      return faults !== undefined && faults.some((plan) => plan.remaining > 0)
+    }
+
+    /** What is injected once the kernel has answered: a crash, a lapse or a lost answer. */
+    const injectAfter = (record: CallRecord): Effect.Effect<void, KernelError> =>
+      Effect.gen(function*() {
+        const crash = crashPlans.get(record.executionId)
+        if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "after"))) {
+          crash.fired = true
+          record.injected = "crash"
+          const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
+          return yield* crashNow(record.executionId, agentId, crash.recovery)
+        }
+        const lapse = lapsePlans.get(record.executionId)
+        if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "after")) {
+          lapse.fired = true
+          record.injected = "lapse"
+          const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
+          yield* stallNow(record, agentId, lapse.recovery)
+        }
+        if (record.loseAnswer) return yield* injectedFailure("after")
+        record.delivered = true
+      })
+
     const interceptor: DirectClient.Interceptor = {
-      before: (info) =>
-        Effect.gen(function*() {
-          progress++
-          const now = yield* Clock.currentTimeMillis
-          const key = info.lease === undefined ? `${info.executionId}/read` : leaseKey(info.executionId, info.lease)
-          const step = info.stepId === undefined ? undefined : stepInfo.get(info.stepId)
-          const record: CallRecord = {
-            seq: callLog.length,
-            call: info.call,
-            executionId: info.executionId,
-            dispatchId: info.lease?.dispatchId,
-            attempt: info.lease?.attempt,
-            index: countCall(info.call, key),
-            stepId: info.stepId,
-            kind: info.submission?.kind ?? step?.kind,
-            target: info.submission?.target ?? step?.target,
-            argsJson: info.submission?.argsJson,
-            idempotency: info.submission?.idempotency ?? step?.idempotency,
-            atMs: now,
-            reached: false,
-            answer: undefined,
-            answerSeq: undefined,
-            delivered: false,
-            injected: undefined,
-            loseAnswer: false,
-            key
+      before: (info, now) => {
+        progress++
+        const key = info.lease === undefined ? `${info.executionId}/read` : leaseKey(info.executionId, info.lease)
+        const step = info.stepId === undefined ? undefined : stepInfo.get(info.stepId)
+        const record: CallRecord = {
+          seq: callLog.length,
+          call: info.call,
+          executionId: info.executionId,
+          dispatchId: info.lease?.dispatchId,
+          attempt: info.lease?.attempt,
+          index: countCall(info.call, key),
+          stepId: info.stepId,
+          kind: info.submission?.kind ?? step?.kind,
+          target: info.submission?.target ?? step?.target,
+          argsJson: info.submission?.argsJson,
+          idempotency: info.submission?.idempotency ?? step?.idempotency,
+          atMs: now,
+          reached: false,
+          answer: undefined,
+          answerSeq: undefined,
+          delivered: false,
+          injected: undefined,
+          loseAnswer: false,
+          key
+        }
+        callLog.push(record)
+        let list = callsByExecution.get(info.executionId)
+        if (list === undefined) {
+          list = []
+          callsByExecution.set(info.executionId, list)
+        }
+        list.push(record)
+        pendingCalls.set(record.seq, record)
+        return planned(info.executionId, key) ? injectBefore(info, record) : record.seq
+      },
+      after: (id, answer) => {
+        progress++
+        const record = pendingCalls.get(id)
+        if (record === undefined) return
+        pendingCalls.delete(id)
+        record.reached = true
+        record.answer = answer.answer
+        record.answerSeq = callLog.length
+        if (record.stepId === undefined && answer.stepId !== undefined) {
+          record.stepId = answer.stepId
+          if (record.kind !== undefined && record.target !== undefined && record.idempotency !== undefined) {
+            stepInfo.set(answer.stepId, { kind: record.kind, target: record.target, idempotency: record.idempotency })
           }
-          callLog.push(record)
-          let list = callsByExecution.get(info.executionId)
-          if (list === undefined) {
-            list = []
-            callsByExecution.set(info.executionId, list)
-          }
-          list.push(record)
-          pendingCalls.set(record.seq, record)
-
-          // A stalled run makes no call until it wakes up.
-          const stall = stalls.get(key)
-          if (stall !== undefined && !stall.released) yield* parked(Deferred.await(stall.release))
-
-          const crash = crashPlans.get(info.executionId)
-          if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "before"))) {
-            crash.fired = true
-            record.injected = "crash"
-            return yield* crashNow(info.executionId, info.agentId, crash.recovery)
-          }
-          const lapse = lapsePlans.get(info.executionId)
-          if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "before")) {
-            lapse.fired = true
-            record.injected = "lapse"
-            yield* stallNow(record, info.agentId, lapse.recovery)
-          }
-          for (const plan of faultPlans.get(info.executionId) ?? []) {
-            if (plan.remaining <= 0 || plan.fault.call !== info.call) continue
-            if (plan.key === undefined) {
-              if (record.index !== (plan.fault.index ?? 0)) continue
-              plan.key = key
-            } else if (plan.key !== key) {
-              continue
-            }
-            plan.remaining--
-            record.injected = "fault"
-            if (plan.fault.when === "before") {
-              pendingCalls.delete(record.seq)
-              return yield* injectedFailure("before")
-            }
-            record.loseAnswer = true
-            break
-          }
-          return record.seq
-        }),
-      after: (id, answer) =>
-        Effect.gen(function*() {
-          progress++
-          const record = pendingCalls.get(id)
-          if (record === undefined) return
-          pendingCalls.delete(id)
-          record.reached = true
-          record.answer = answer.answer
-          record.answerSeq = callLog.length
-          if (record.stepId === undefined && answer.stepId !== undefined) {
-            record.stepId = answer.stepId
-            if (record.kind !== undefined && record.target !== undefined && record.idempotency !== undefined) {
-              stepInfo.set(answer.stepId, { kind: record.kind, target: record.target, idempotency: record.idempotency })
-            }
-          }
-          const crash = crashPlans.get(record.executionId)
-          if (crash !== undefined && !crash.fired && crash.points.some((p) => matches(p, record, "after"))) {
-            crash.fired = true
-            record.injected = "crash"
-            const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
-            return yield* crashNow(record.executionId, agentId, crash.recovery)
-          }
-          const lapse = lapsePlans.get(record.executionId)
-          if (lapse !== undefined && !lapse.fired && matches(lapse.point, record, "after")) {
-            lapse.fired = true
-            record.injected = "lapse"
-            const agentId = (yield* Effect.orDie(core.getExecution(record.executionId))).agentId
-            yield* stallNow(record, agentId, lapse.recovery)
-          }
-          if (record.loseAnswer) return yield* injectedFailure("after")
-          record.delivered = true
-        })
+        }
+        if (record.loseAnswer || planned(record.executionId, record.key)) return injectAfter(record)
+        record.delivered = true
+      },
+      track: (effect) => tracked(effect)
     }
 
     /** Count calls in flight, so settling does not move time while a call is being signed or answered. */
@@ -699,14 +733,15 @@ export const make = <R = never>(
       failExecution: (caller, executionId, reason) => tracked(service.failExecution(caller, executionId, reason))
     })
 
-    const kernelClient: KernelClient["Type"] = trackedClient(
-      options.transport === "http"
-        ? yield* KernelClientModule.make({ baseUrl: inProcessUrl, secret }).pipe(
+    // The direct client tracks the calls that can suspend itself; over HTTP every call is tracked.
+    const kernelClient: KernelClient["Type"] = options.transport === "http"
+      ? trackedClient(
+        yield* KernelClientModule.make({ baseUrl: inProcessUrl, secret }).pipe(
           Effect.provideService(HttpClient.HttpClient, InMemoryHttp.make(routes, interceptor)),
           Effect.orDie
         )
-        : DirectClient.make(core, secret, interceptor)
-    )
+      )
+      : DirectClient.make(core, secret, interceptor)
 
     const client = yield* Client.make({ baseUrl: inProcessUrl }).pipe(
       Effect.provideService(HttpClient.HttpClient, httpClient),
@@ -876,20 +911,26 @@ export const make = <R = never>(
     const toResult = (executionId: string): Effect.Effect<RunResult, Core.KernelFailure> =>
       Effect.gen(function*() {
         const execution = yield* getExecution(executionId)
-        return {
+        // Steps and events are taken now (the records are immutable) and decoded
+        // through the wire on first use: most tests never read all of them.
+        const stepRecords = yield* core.listSteps(executionId, false)
+        const eventRecords = yield* core.eventLog(executionId)
+        const result: Omit<RunResult, "steps" | "events"> = {
           executionId,
           status: execution.status as Protocol.ExecutionStatus,
           output: execution.output,
           failureReason: execution.failureReason,
           execution,
-          steps: yield* steps(executionId),
-          events: yield* events(executionId),
           approvals: yield* approvals(executionId),
           deliveries: deliveryCounts.get(executionId) ?? 0,
           calls: executionCalls(executionId),
           crashed: crashPlans.get(executionId)?.fired ?? false,
           lapsed: lapsePlans.get(executionId)?.fired ?? false
         }
+        return Object.defineProperties(result as RunResult, {
+          steps: lazyProperty(() => stepRecords.map(decodeStep)),
+          events: lazyProperty(() => eventRecords.map(decodeEvent))
+        })
       })
 
     const arm = (executionId: string, runOptions: RunOptions | undefined): void => {
@@ -958,16 +999,8 @@ export const make = <R = never>(
         core.getExecution(executionId),
         (r) => DirectClient.fromWire(Protocol.Execution, Wire.encodeExecution(r))
       )
-    const steps = (executionId: string) =>
-      Effect.map(
-        core.listSteps(executionId, false),
-        Arr.map((s) => DirectClient.fromWire(Protocol.Step, Wire.encodeStep(s)))
-      )
-    const events = (executionId: string) =>
-      Effect.map(
-        core.eventLog(executionId),
-        Arr.map((e) => DirectClient.fromWire(Protocol.Event, Wire.encodeEvent(e)))
-      )
+    const steps = (executionId: string) => Effect.map(core.listSteps(executionId, false), Arr.map(decodeStep))
+    const events = (executionId: string) => Effect.map(core.eventLog(executionId), Arr.map(decodeEvent))
     const approvals = (executionId?: string) =>
       Effect.map(
         core.listApprovals(),

@@ -10,8 +10,8 @@
  * @since 0.1.0
  * @internal
  */
-import { Effect, Exit, Redacted, Schema } from "effect"
-import type * as Core from "../../kernel/Core.js"
+import { Clock, Effect, Exit, Redacted, Schema } from "effect"
+import * as Core from "../../kernel/Core.js"
 import * as Wire from "../../kernel/Wire.js"
 import type { Caller, KernelClient, Lease, StepSubmission } from "../../KernelClient.js"
 import * as Protocol from "../../Protocol.js"
@@ -66,17 +66,24 @@ export interface CallAnswer {
 
 /**
  * Hooks around every call, used for crash, stall and fault injection and for
- * the call log. `before` runs before the kernel sees the call and returns an
- * id for `after`; it may fail with a transport error (the call never reaches
- * the kernel) or never return (the process died). `after` runs once the kernel
- * has answered; failing there means the answer was lost on the way back.
+ * the call log. `before` records the call (made at virtual time `now`) before
+ * the kernel sees it and returns its id — or, when something is injected at
+ * this call, an Effect that may fail with a transport error (the call never
+ * reaches the kernel) or never return (the process died). `after` records the
+ * kernel's answer — or returns an Effect when something is injected after the
+ * kernel answered; failing there means the answer was lost on the way back.
+ * `track` counts a call as in flight while an Effect of the slow path runs.
+ *
+ * Calls with nothing injected run synchronously, without an Effect per hook:
+ * that is most of what makes the test kit fast.
  *
  * @since 0.1.0
  * @internal
  */
 export interface Interceptor {
-  readonly before: (info: CallInfo) => Effect.Effect<number, KernelError>
-  readonly after: (id: number, answer: CallAnswer) => Effect.Effect<void, KernelError>
+  readonly before: (info: CallInfo, now: number) => number | Effect.Effect<number, KernelError>
+  readonly after: (id: number, answer: CallAnswer) => void | Effect.Effect<void, KernelError>
+  readonly track: <A, E>(effect: Effect.Effect<A, E>) => Effect.Effect<A, E>
 }
 
 /**
@@ -90,12 +97,19 @@ export const answerOf = (exit: Exit.Exit<unknown, Core.KernelFailure>): CallAnsw
     const failure = exit.cause._tag === "Fail" ? exit.cause.error : undefined
     return { answer: failure === undefined ? "interrupted" : failure.code, stepId: undefined }
   }
-  const value = exit.value as Partial<Core.Decision> | undefined
-  if (value !== undefined && value !== null && typeof value === "object" && typeof value.decision === "string") {
-    return { answer: value.decision, stepId: value.stepId }
+  return answerOfValue(exit.value)
+}
+
+const answerOfValue = (value: unknown): CallAnswer => {
+  if (value instanceof KernelFailureClass) return { answer: value.code, stepId: undefined }
+  const decision = value as Partial<Core.Decision> | undefined
+  if (decision !== undefined && decision !== null && typeof decision === "object" && typeof decision.decision === "string") {
+    return { answer: decision.decision, stepId: decision.stepId }
   }
   return { answer: "ok", stepId: undefined }
 }
+
+const KernelFailureClass = Core.KernelFailure
 
 const statusError = (f: Core.KernelFailure): KernelError =>
   new KernelError({ reason: "Status", status: f.status, code: f.code, description: f.message })
@@ -143,6 +157,13 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
 export const fromWire = <A, I>(schema: Schema.Schema<A, I>, text: string): A =>
   Schema.decodeUnknownSync(schema)(JSON.parse(text))
 
+const toCore = (s: StepSubmission) => ({
+  kind: s.kind,
+  target: s.target,
+  argsRaw: s.argsJson,
+  idempotency: s.idempotency
+})
+
 const toExecution = (r: Core.ExecutionRecord): Protocol.Execution =>
   fromWire(Protocol.Execution, Wire.encodeExecution(r))
 
@@ -157,12 +178,46 @@ export const make = (
   secret: string,
   interceptor: Interceptor
 ): KernelClient.Service => {
+  /** A call with its hooks, on Effects all the way (the slow path, and every call but the step calls). */
   const around = <A>(
     info: CallInfo,
     effect: Effect.Effect<A, Core.KernelFailure>
   ): Effect.Effect<A, Core.KernelFailure | KernelError> =>
-    Effect.flatMap(interceptor.before(info), (id) =>
-      Effect.flatMap(Effect.exit(effect), (exit) => Effect.zipRight(interceptor.after(id, answerOf(exit)), exit)))
+    interceptor.track(Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      const before = interceptor.before(info, now)
+      return Effect.flatMap(typeof before === "number" ? Effect.succeed(before) : before, (id) =>
+        Effect.flatMap(Effect.exit(effect), (exit) => {
+          const after = interceptor.after(id, answerOf(exit))
+          return after === undefined ? exit : Effect.zipRight(after, exit)
+        }))
+    }))
+
+  /**
+   * A step call: when nothing is injected, the hooks and the kernel run as plain
+   * code at one instant of the clock; otherwise it takes the slow path.
+   */
+  const stepCall = (
+    info: CallInfo,
+    call: (now: number) => Core.Decision | Core.KernelFailure,
+    effect: Effect.Effect<Core.Decision, Core.KernelFailure>
+  ): Effect.Effect<Core.Decision, Core.KernelFailure | KernelError> =>
+    Effect.clockWith((clock) =>
+      Effect.suspend(() => {
+        const now = clock.unsafeCurrentTimeMillis()
+        const before = interceptor.before(info, now)
+        if (typeof before !== "number") {
+          return interceptor.track(Effect.flatMap(before, (id) =>
+            Effect.flatMap(Effect.exit(effect), (exit) => {
+              const after = interceptor.after(id, answerOf(exit))
+              return after === undefined ? exit : Effect.zipRight(after, exit)
+            })))
+        }
+        const result = call(now)
+        const after = interceptor.after(before, answerOfValue(result))
+        const exit = result instanceof KernelFailureClass ? Effect.fail(result) : Effect.succeed(result)
+        return after === undefined ? exit : interceptor.track(Effect.zipRight(after, exit))
+      })
+    )
 
   const info = (
     call: CallName,
@@ -179,8 +234,9 @@ export const make = (
   })
 
   const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
-    around(
+    stepCall(
       info("failStep", caller, executionId, { stepId }),
+      (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "failed", errorJson),
       core.failStep(executionId, stepId, caller.lease, errorJson)
     ).pipe(Effect.mapBoth({ onFailure: mapFailure(signalOr), onSuccess: toDecision }), Http.retryTransport)
 
@@ -204,14 +260,10 @@ export const make = (
       ),
     // Never retried (PROTOCOL.md 15.1).
     submitStep: (caller: Caller, executionId, s) =>
-      around(
+      stepCall(
         info("submitStep", caller, executionId, { submission: s }),
-        core.submitStep(executionId, caller.lease, {
-          kind: s.kind,
-          target: s.target,
-          argsRaw: s.argsJson,
-          idempotency: s.idempotency
-        })
+        (now) => core.unsafeSubmitStep(now, executionId, caller.lease, toCore(s)),
+        core.submitStep(executionId, caller.lease, toCore(s))
       ).pipe(
         Effect.mapBoth({
           onFailure: mapFailure((f) => f.code === "policy_denied" ? new PolicyError({ reason: f.message }) : signalOr(f)),
@@ -219,8 +271,9 @@ export const make = (
         })
       ),
     completeStep: (caller, executionId, stepId, resultJson) =>
-      around(
+      stepCall(
         info("completeStep", caller, executionId, { stepId }),
+        (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "succeeded", resultJson),
         core.completeStep(executionId, stepId, caller.lease, resultJson)
       ).pipe(Effect.mapBoth({ onFailure: mapFailure(signalOr), onSuccess: toDecision }), Http.retryTransport),
     failStep: (caller, executionId, stepId, message) => failStepJson(caller, executionId, stepId, JSON.stringify({ message })),

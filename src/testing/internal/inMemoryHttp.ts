@@ -12,7 +12,7 @@
  */
 import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
 import type { HttpClientRequest } from "@effect/platform"
-import { Effect, Stream } from "effect"
+import { Clock, Effect, Stream } from "effect"
 import type * as Routes from "../../kernel/Routes.js"
 import type { StepSubmission } from "../../KernelClient.js"
 import type { KernelError } from "../../RebunoError.js"
@@ -159,12 +159,15 @@ export const make = (
       const info = interceptor === undefined ?
         undefined :
         describe(request.method, url.pathname, (name) => request.headers[name], body)
-      const id = info === undefined || interceptor === undefined ?
-        undefined :
-        yield* Effect.mapError(interceptor.before(info), lost)
+      let id: number | undefined
+      if (info !== undefined && interceptor !== undefined) {
+        const before = interceptor.before(info, yield* Clock.currentTimeMillis)
+        id = typeof before === "number" ? before : yield* Effect.mapError(before, lost)
+      }
       const response = yield* handle({ method: request.method, url: url.pathname + url.search, headers, body })
       if (id !== undefined && interceptor !== undefined) {
-        yield* Effect.mapError(interceptor.after(id, answerOfResponse(response)), lost)
+        const after = interceptor.after(id, answerOfResponse(response))
+        if (after !== undefined) yield* Effect.mapError(after, lost)
       }
       const payload = typeof response.body === "string" || response.body instanceof Uint8Array
         ? (response.body.length === 0 ? null : response.body)

@@ -1,0 +1,192 @@
+/**
+ * The kernel client's transports: how one signed request reaches the kernel and
+ * its answer comes back as a {@link Reply}. Two implementations send the same
+ * bytes:
+ *
+ * - {@link fromHttpClient}: any `@effect/platform` `HttpClient` (fetch, undici,
+ *   a test double, a client with tracing or proxy transforms);
+ * - {@link fromDispatcher}: an undici `Dispatcher` driven directly through its
+ *   handler interface — no request/response objects, streams or promises per
+ *   call, which is most of what a keep-alive round trip to a local kernel costs.
+ *
+ * Both apply the per-request timeout on Effect's clock (a plain timer on the
+ * live clock, `Effect.timeoutFail` under `TestClock`), map connection failures
+ * to `Transport` `KernelError`s, and never follow redirects.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import type { HttpClient } from "@effect/platform"
+import { Headers, HttpBody, HttpClientRequest } from "@effect/platform"
+import type { NodeHttpClient } from "@effect/platform-node"
+import type { Context } from "effect"
+import { Duration, Effect } from "effect"
+import { KernelError } from "../RebunoError.js"
+import type { BaseUrl, Reply } from "./http.js"
+import { isLiveClock, MAX_TIMER_MILLIS, send, timeoutError } from "./http.js"
+
+/**
+ * One request, fully built and signed: `path` is the route (`/v0/…`) relative
+ * to the base URL, `headers` are lower-case names.
+ *
+ * @internal
+ */
+export interface WireRequest {
+  readonly method: "GET" | "POST"
+  readonly path: string
+  readonly headers: Record<string, string>
+  readonly body: Uint8Array | undefined
+}
+
+/**
+ * Send one request and read the whole answer, whatever its status; only
+ * transport failures and the timeout fail.
+ *
+ * @internal
+ */
+export type Send = (request: WireRequest) => Effect.Effect<Reply, KernelError>
+
+const JSON_TYPE = "application/json"
+
+/**
+ * An undici `Dispatcher`, as provided by `NodeHttpClient.Dispatcher`.
+ *
+ * @internal
+ */
+export type UndiciDispatcher = Context.Tag.Service<typeof NodeHttpClient.Dispatcher>
+
+/**
+ * A transport over an `HttpClient`.
+ *
+ * @internal
+ */
+export const fromHttpClient = (
+  client: HttpClient.HttpClient,
+  base: BaseUrl,
+  timeout: Duration.Duration
+): Send =>
+(request) => {
+  const built = HttpClientRequest.make(request.method)(base.url + request.path, {
+    headers: Headers.unsafeFromRecord(request.headers)
+  })
+  return send(
+    client,
+    request.body === undefined ? built : HttpClientRequest.setBody(built, HttpBody.uint8Array(request.body, JSON_TYPE)),
+    timeout
+  )
+}
+
+/**
+ * A transport over an undici `Dispatcher` (an `Agent`, `Pool` or `Client`).
+ *
+ * @internal
+ */
+export const fromDispatcher = (
+  dispatcher: UndiciDispatcher,
+  base: BaseUrl,
+  timeout: Duration.Duration
+): Send => {
+  const origin = new URL(base.url).origin
+  const millis = Duration.toMillis(timeout)
+  const timerUsable = millis >= 0 && millis <= MAX_TIMER_MILLIS
+  return (request) =>
+    Effect.clockWith((clock) => {
+      if (timerUsable && isLiveClock(clock)) return dispatch(dispatcher, origin, base.pathname, request, timeout)
+      return Effect.timeoutFail(dispatch(dispatcher, origin, base.pathname, request, undefined), {
+        duration: timeout,
+        onTimeout: () => timeoutError(timeout)
+      })
+    })
+}
+
+const failure = (prefix: string, error: unknown): KernelError => {
+  const detail = error instanceof Error ? error.message : ""
+  return new KernelError({
+    reason: "Transport",
+    description: detail === "" ? prefix : `${prefix}: ${detail}`,
+    cause: error
+  })
+}
+
+/** The abort reason handed to undici on interruption or timeout; never surfaces. */
+class Aborted extends Error {}
+
+/**
+ * One exchange through the dispatcher's handler interface. With `timeout`, a
+ * plain timer aborts the request and fails with the timeout error.
+ */
+const dispatch = (
+  dispatcher: UndiciDispatcher,
+  origin: string,
+  pathPrefix: string,
+  request: WireRequest,
+  timeout: Duration.Duration | undefined
+): Effect.Effect<Reply, KernelError> =>
+  Effect.async<Reply, KernelError>((resume) => {
+    let settled = false
+    let controller: { abort(reason: Error): void } | undefined
+    let abortRequested = false
+    let status = 0
+    let responded = false
+    const chunks: Array<Buffer> = []
+    let timer: ReturnType<typeof setTimeout> | undefined
+
+    const settle = (effect: Effect.Effect<Reply, KernelError>) => {
+      if (settled) return
+      settled = true
+      if (timer !== undefined) clearTimeout(timer)
+      resume(effect)
+    }
+    const abort = () => {
+      abortRequested = true
+      if (controller !== undefined) controller.abort(new Aborted("aborted"))
+    }
+
+    if (timeout !== undefined) {
+      timer = setTimeout(() => {
+        timer = undefined
+        settle(Effect.fail(timeoutError(timeout)))
+        abort()
+      }, Duration.toMillis(timeout))
+    }
+
+    try {
+      dispatcher.dispatch({
+        origin,
+        path: pathPrefix + request.path,
+        method: request.method,
+        headers: request.headers,
+        body: request.body ?? null
+      }, {
+        onRequestStart(c) {
+          controller = c
+          if (abortRequested) c.abort(new Aborted("aborted"))
+        },
+        onResponseStart(_c, statusCode) {
+          // 1xx informational answers are followed by the real one.
+          if (statusCode < 200) return
+          status = statusCode
+          responded = true
+        },
+        onResponseData(_c, chunk) {
+          chunks.push(chunk)
+        },
+        onResponseEnd() {
+          const text = chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")
+          settle(Effect.succeed({ status, text }))
+        },
+        onResponseError(_c, error) {
+          if (error instanceof Aborted) return
+          settle(Effect.fail(failure(responded ? "reading the response failed" : "request failed", error)))
+        }
+      })
+    } catch (error) {
+      settle(Effect.fail(failure("request failed", error)))
+    }
+
+    return Effect.sync(() => {
+      settled = true
+      if (timer !== undefined) clearTimeout(timer)
+      abort()
+    })
+  })
