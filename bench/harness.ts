@@ -1,8 +1,8 @@
 /**
  * Effect-side helpers shared by the end-to-end benchmarks: serve an agent on
  * an ephemeral (or given) port over real HTTP with the real `KernelClient`
- * (`NodeHttpClient.layerUndici`), optionally wrapping the client to observe
- * its calls.
+ * (on undici directly, as `KernelClient.layerUndici`), optionally wrapping the
+ * client to observe its calls.
  *
  * @since 0.1.0
  */
@@ -37,9 +37,9 @@ export const serveAgent = <In, A, E>(
     const address = server.address
     const port = address._tag === "TcpAddress" ? address.port : 0
     // Built in this scope: `Effect.provide(layer)` would close the undici pool as soon as `make` returned.
-    const http = yield* Layer.build(NodeHttpClient.layerUndici)
-    const client = yield* KernelClient.make({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
-      Effect.provide(http),
+    const dispatcher = yield* Layer.build(NodeHttpClient.dispatcherLayer)
+    const client = yield* KernelClient.makeUndici({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
+      Effect.provide(dispatcher),
       Effect.orDie
     )
     const wrapped = options.wrap === undefined ? client : options.wrap(client)

@@ -20,7 +20,6 @@ import { NodeHttpServer } from "@effect/platform-node"
 import {
   Cause,
   Context,
-  Deferred,
   Effect,
   Exit,
   FiberMap,
@@ -211,13 +210,14 @@ export const runtime = <In, A, E, R>(
         const forget = Effect.sync(() => {
           if (active.get(notice.executionId)?.state === state) active.delete(notice.executionId)
         })
-        yield* FiberMap.run(
+        const fiber = yield* FiberMap.run(
           runs,
           notice.executionId,
-          runOnce(agent, state, notice).pipe(
+          // FiberMap.run starts the fiber on the spot: yield first, so that the webhook is
+          // answered (and acknowledged) before the run makes its first call.
+          Effect.zipRight(Effect.yieldNow(), runOnce(agent, state, notice)).pipe(
             // Each run owns its scope: its heartbeat stops when the run ends or is interrupted.
             Effect.scoped,
-            Effect.raceFirst(Deferred.await(state.stopped)),
             Effect.ensuring(Effect.zipRight(state.close, forget)),
             Effect.catchAllCause((cause) =>
               Cause.isInterruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
@@ -230,6 +230,8 @@ export const runtime = <In, A, E, R>(
             Effect.provide(context)
           )
         )
+        // A signal that stops the run (lease lost, abandoned, superseded) interrupts this fiber.
+        state.attach(fiber)
         return 200
       }).pipe(Tracing.withSpan("Agent.handleWebhook", { attributes: { "rebuno.agent_id": agent.id } }))
 

@@ -405,8 +405,11 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     const outcomeFailure = (failure: Http.ApiFailure): Effect.Effect<void, KernelError | LeaseSuperseded> =>
       failure.code === "execution_terminal" ? Effect.void : Effect.fail(leaseFailure(failure))
 
-    const executionPath = (executionId: string) => "/v0/executions/" + executionId
-    const stepPath = (executionId: string, stepId: string) => "/v0/executions/" + executionId + "/steps/" + stepId
+    // Ids are UUIDs and hex digests, which encoding leaves alone; anything else is
+    // percent-encoded so that every transport sends the same path.
+    const executionPath = (executionId: string) => "/v0/executions/" + encodeURIComponent(executionId)
+    const stepPath = (executionId: string, stepId: string) =>
+      executionPath(executionId) + "/steps/" + encodeURIComponent(stepId)
 
     /** Complete or fail a step: both are idempotent on the kernel, so both retry transport failures. */
     const postStepOutcome = (

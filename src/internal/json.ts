@@ -848,6 +848,42 @@ const describeObject = (value: object): string => {
 const isPlainPrototype = (proto: unknown): boolean => proto === null || Object.getPrototypeOf(proto) === null
 
 /** Returns the reason the value is not JSON, leaving the path to it in `segments`. */
+/** Nesting beyond which {@link isPlainJson} gives up (cycles end up here too). */
+const QUICK_DEPTH = 64
+
+/**
+ * The quick check of {@link stringifyStrict}: is `value` JSON as it stands, and
+ * no deeper than {@link QUICK_DEPTH}? Allocates nothing; `false` sends the
+ * caller to {@link checkJson}, which finds the reason and its path.
+ */
+const isPlainJson = (value: unknown, depth: number): boolean => {
+  switch (typeof value) {
+    case "string":
+    case "boolean":
+      return true
+    case "number":
+      return Number.isFinite(value)
+    case "object":
+      break
+    default:
+      return false
+  }
+  if (value === null) return true
+  if (depth >= QUICK_DEPTH) return false
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      if (!isPlainJson(value[i], depth + 1)) return false
+    }
+    return true
+  }
+  if (!isPlainPrototype(Object.getPrototypeOf(value))) return false
+  const record = value as Record<string, unknown>
+  for (const key of Object.keys(record)) {
+    if (!isPlainJson(record[key], depth + 1)) return false
+  }
+  return true
+}
+
 const checkJson = (
   value: unknown,
   segments: Array<string | number>,
@@ -914,6 +950,8 @@ const checkJson = (
 export const stringifyStrict = (value: unknown): StrictResult => {
   const segments: Array<string | number> = []
   try {
+    if (isPlainJson(value, 0)) return { _tag: "Ok", json: JSON.stringify(value) }
+    // Not JSON, or deeper than the quick check goes: walk it again, tracking the path and cycles.
     const reason = checkJson(value, segments, new Set())
     if (reason !== undefined) return { _tag: "Invalid", reason, path: renderPath(segments) }
     return { _tag: "Ok", json: JSON.stringify(value) }

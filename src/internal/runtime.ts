@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Deferred, Effect, Option, Ref } from "effect"
+import { Deferred, Effect, Fiber, Option, Ref } from "effect"
 import type { Caller, KernelClient } from "../KernelClient.js"
 import type * as Protocol from "../Protocol.js"
 import { Abandoned, LeaseSuperseded, Terminated } from "../RebunoError.js"
@@ -73,6 +73,11 @@ export interface RunState {
   readonly raise: (signal: RunSignal) => Effect.Effect<void>
   /** Stop the run without recording anything (the run is over). */
   readonly close: Effect.Effect<void>
+  /**
+   * The fiber running the run: a signal that stops the run (LeaseSuperseded,
+   * Abandoned) interrupts it — at once if the run has already stopped.
+   */
+  readonly attach: (fiber: Fiber.RuntimeFiber<unknown, unknown>) => void
   /** Set once the run has started posting its outcome (heartbeat answers then no longer stop it). */
   readonly finishing: Ref.Ref<boolean>
 }
@@ -97,18 +102,24 @@ export const makeRunState = (
     const finishing = yield* Ref.make(false)
     // Mirrors `stopped` (completed only here), so that each call checks it without an Effect.
     let isStopped = false
-    const stop = Effect.suspend(() => {
+    let fiber: Fiber.RuntimeFiber<unknown, unknown> | undefined
+    const close = Effect.suspend(() => {
       isStopped = true
       return Effect.asVoid(Deferred.succeed(stopped, undefined))
     })
+    // Interrupting the run's fiber (not racing it against `stopped`) keeps a run to two fibers.
+    const stop = Effect.zipRight(close, Effect.suspend(() => fiber === undefined ? Effect.void : Fiber.interruptFork(fiber)))
     const raise = (s: RunSignal): Effect.Effect<void> =>
       Effect.zipRight(
         Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
         stopsTheRun(s) ? stop : Effect.void
       )
     const client = scopedClient(kernel, () => isStopped, raise)
-    const close = stop
-    return { executionId, caller, client, signal, stopped, raise, close, finishing }
+    const attach = (running: Fiber.RuntimeFiber<unknown, unknown>): void => {
+      fiber = running
+      if (isStopped) Effect.runFork(Fiber.interruptFork(running))
+    }
+    return { executionId, caller, client, signal, stopped, raise, close, finishing, attach }
   })
 
 const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>

@@ -341,6 +341,8 @@ export interface KernelCore {
   readonly listSteps: (id: string, terminalOnly: boolean) => Effect.Effect<ReadonlyArray<StepRecord>>
   /** `404` unless the step exists **and** belongs to execution `id` (16.3 #4). */
   readonly getStep: (id: string, stepId: string) => Effect.Effect<StepRecord, KernelFailure>
+  /** {@link getStep} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
+  readonly unsafeGetStep: (id: string, stepId: string) => StepRecord | undefined
 
   /** Pending approvals only, oldest first (11.8). */
   readonly listApprovals: () => Effect.Effect<ReadonlyArray<ApprovalRecord>>
@@ -552,6 +554,24 @@ const flat = (s: string): string => {
   return s
 }
 
+/** A step event whose payload is rendered on first read. */
+class StepEvent implements EventRecord {
+  #payload: string | undefined
+  constructor(
+    readonly executionId: string,
+    readonly seq: number,
+    readonly type: string,
+    readonly occurredAtMs: number,
+    private readonly stepId: string,
+    private readonly kind: string,
+    private readonly target: string,
+    private readonly options: Payload.StepPayloadOptions | undefined
+  ) {}
+  get payload(): string {
+    return this.#payload ??= flat(Payload.stepPayload(this.stepId, this.kind, this.target, this.options))
+  }
+}
+
 const counterKey = (kind: string, target: string, argsHash: string): string =>
   flat(kind.length + ":" + kind + target.length + ":" + target + argsHash)
 
@@ -716,6 +736,19 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     ex.events.push({ executionId: ex.record.id, seq: ex.events.length + 1, type, payload: flat(payload), occurredAtMs: now })
   }
 
+  /** A step event: its payload is rendered when first read (most are never read). */
+  const emitStep = (
+    ex: ExecState,
+    type: string,
+    now: number,
+    stepId: string,
+    kind: string,
+    target: string,
+    options?: Payload.StepPayloadOptions
+  ): void => {
+    ex.events.push(new StepEvent(ex.record.id, ex.events.length + 1, type, now, stepId, kind, target, options))
+  }
+
   // -- dispatches -----------------------------------------------------------
 
   const schedule = (d: DispatchState): void => {
@@ -866,7 +899,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     }
     for (const step of ex.steps.values()) {
       if (step.status !== "executing") continue
-      emit(ex, "step.cancelled", Payload.stepPayload(step.stepId, step.kind, step.target, { error: cancelledError }), now)
+      emitStep(ex, "step.cancelled", now, step.stepId, step.kind, step.target, { error: cancelledError })
       ex.steps.set(step.stepId, stepWith(step, "cancelled", step.resultRaw, cancelledError, step.startedAtMs, now))
     }
   }
@@ -910,7 +943,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       }),
       now
     )
-    emit(ex, "step.denied", Payload.stepPayload(step.stepId, step.kind, step.target, { error, omitEmptyTarget: true }), now)
+    emitStep(ex, "step.denied", now, step.stepId, step.kind, step.target, { error, omitEmptyTarget: true })
     settleApproval(
       approval,
       status === "denied" ? { status, decidedAtMs: now, rationale, decidedBy } : { status, decidedAtMs: now, rationale }
@@ -959,7 +992,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       }),
       now
     )
-    emit(ex, "step.allowed", Payload.stepPayload(step.stepId, step.kind, step.target), now)
+    emitStep(ex, "step.allowed", now, step.stepId, step.kind, step.target)
     settleApproval(approval, { status: "granted", decidedAtMs: now, rationale: d.rationale, decidedBy: d.decidedBy })
     ex.steps.set(step.stepId, stepWith(step, "allowed", step.resultRaw, step.errorRaw, step.startedAtMs, step.completedAtMs))
     resume(ex, now)
@@ -989,7 +1022,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       case "allowed":
       case "proposed":
         ex.steps.set(step.stepId, stepWith(step, "executing", step.resultRaw, step.errorRaw, now, step.completedAtMs))
-        emit(ex, "step.executing", Payload.stepPayload(step.stepId, step.kind, step.target), now)
+        emitStep(ex, "step.executing", now, step.stepId, step.kind, step.target)
         return withStepId("proceed", step.stepId)
       case "executing":
         if (idempotency === "at_most_once") {
@@ -1099,16 +1132,16 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     switch (result.decision) {
       case "allow": {
         ex.steps.set(stepId, step("executing", undefined, now, undefined))
-        emit(ex, "step.proposed", Payload.stepPayload(stepId, s.kind, s.target), now)
-        emit(ex, "step.allowed", Payload.stepPayload(stepId, s.kind, s.target, { ruleId: result.ruleId }), now)
-        emit(ex, "step.executing", Payload.stepPayload(stepId, s.kind, s.target), now)
+        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
+        emitStep(ex, "step.allowed", now, stepId, s.kind, s.target, { ruleId: result.ruleId })
+        emitStep(ex, "step.executing", now, stepId, s.kind, s.target)
         decision = withStepId("proceed", stepId)
         break
       }
       case "deny": {
         const error = Payload.denialError(result.reason || "policy_denied", result.ruleId)
         ex.steps.set(stepId, step("denied", error, undefined, now))
-        emit(ex, "step.proposed", Payload.stepPayload(stepId, s.kind, s.target), now)
+        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
         emit(
           ex,
           "step.denied",
@@ -1140,7 +1173,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         pendingApprovals.add(approval.id)
         pendingApprovalByStep.set(stepId, approval.id)
         ex.approvals.push(approval.id)
-        emit(ex, "step.proposed", Payload.stepPayload(stepId, s.kind, s.target), now)
+        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
         emit(
           ex,
           "step.awaiting_approval",
@@ -1188,10 +1221,10 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     const value = compactRaw(raw)
     if (outcome === "succeeded") {
       ex.steps.set(stepId, stepWith(step, "succeeded", value, step.errorRaw, step.startedAtMs, now))
-      emit(ex, "step.succeeded", Payload.stepPayload(stepId, step.kind, step.target), now)
+      emitStep(ex, "step.succeeded", now, stepId, step.kind, step.target)
     } else {
       ex.steps.set(stepId, stepWith(step, "failed", step.resultRaw, value, step.startedAtMs, now))
-      emit(ex, "step.failed", Payload.stepPayload(stepId, step.kind, step.target, { error: value }), now)
+      emitStep(ex, "step.failed", now, stepId, step.kind, step.target, { error: value })
       if (isIndeterminateError(value)) {
         ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
       }
@@ -1447,6 +1480,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         return steps.sort((a, b) => (a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0))
       }),
     getStep: (id, stepId) => read(() => executions.get(id)?.steps.get(stepId) ?? notFound()),
+    unsafeGetStep: (id, stepId) => executions.get(id)?.steps.get(stepId),
 
     listApprovals: () =>
       Effect.sync(() => {

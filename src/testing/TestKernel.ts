@@ -422,12 +422,39 @@ interface CallRecord {
   injected: "crash" | "lapse" | "fault" | undefined
   /** Internal: lose the answer (fault `after`). */
   loseAnswer: boolean
+  /** Internal: sent and not yet answered (nor lost before reaching the kernel). */
+  pending: boolean
   /** Internal: the run's key for counting. */
   key: string
 }
 
-const leaseKey = (executionId: string, lease: KernelClientModule.Lease): string =>
-  `${executionId}/${lease.dispatchId}/${lease.attempt ?? "?"}`
+const leaseKeys = new WeakMap<KernelClientModule.Lease, string>()
+
+/** The key of a run's calls; kept per lease object (a run passes the same one to every call). */
+const leaseKey = (executionId: string, lease: KernelClientModule.Lease): string => {
+  let key = leaseKeys.get(lease)
+  if (key === undefined || !key.startsWith(executionId)) {
+    key = `${executionId}/${lease.dispatchId}/${lease.attempt ?? "?"}`
+    leaseKeys.set(lease, key)
+  }
+  return key
+}
+
+/** How many calls of each kind a run has made. */
+type CallCounts = Record<CallName, number>
+
+const idempotencyOf = (step: Core.StepRecord | undefined): "safe_to_retry" | "at_most_once" | undefined =>
+  step === undefined ? undefined : step.idempotency === "at_most_once" ? "at_most_once" : "safe_to_retry"
+
+const noCalls = (): CallCounts => ({
+  getExecution: 0,
+  submitStep: 0,
+  completeStep: 0,
+  failStep: 0,
+  heartbeat: 0,
+  completeExecution: 0,
+  failExecution: 0
+})
 
 const encoder = new TextEncoder()
 
@@ -496,15 +523,13 @@ export const make = <R = never>(
     const lapsePlans = new Map<string, LapsePlan>()
     const faultPlans = new Map<string, Array<FaultPlan>>()
     const stalls = new Map<string, Stall>()
-    const callCounts = new Map<string, Map<string, number>>()
+    const callCounts = new Map<string, CallCounts>()
     const deliveryCounts = new Map<string, number>()
     const webhookFailures = new Map<string, { remaining: number }>()
     /** Executions whose crashed or stalled run asked for an immediate lease lapse. */
     const expiryRequested = new Set<string>()
     const callLog: Array<CallRecord> = []
     const callsByExecution = new Map<string, Array<CallRecord>>()
-    const pendingCalls = new Map<number, CallRecord>()
-    const stepInfo = new Map<string, { kind: string; target: string; idempotency: "safe_to_retry" | "at_most_once" }>()
     let progress = 0
     /** Agent → kernel calls in flight (signing included), minus those parked by a stall. */
     let inFlight = 0
@@ -554,22 +579,20 @@ export const make = <R = never>(
     const parked = <A, E>(effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
       Effect.acquireUseRelease(Effect.sync(() => void inFlight--), () => effect, () => Effect.sync(() => void inFlight++))
 
-    const countCall = (call: string, key: string): number => {
+    const countCall = (call: CallName, key: string): number => {
       let counts = callCounts.get(key)
       if (counts === undefined) {
-        counts = new Map()
+        counts = noCalls()
         callCounts.set(key, counts)
       }
-      const n = counts.get(call) ?? 0
-      counts.set(call, n + 1)
-      return n
+      return counts[call]++
     }
 
     const matches = (point: CrashPoint, record: CallRecord, when: "before" | "after"): boolean => {
       if ("afterSteps" in point) {
         if (when !== "after" || (record.call !== "completeStep" && record.call !== "failStep")) return false
         const counts = callCounts.get(record.key)
-        return (counts?.get("completeStep") ?? 0) + (counts?.get("failStep") ?? 0) >= point.afterSteps
+        return (counts?.completeStep ?? 0) + (counts?.failStep ?? 0) >= point.afterSteps
       }
       return point.call === record.call && point.index === record.index && point.when === when
     }
@@ -604,7 +627,7 @@ export const make = <R = never>(
           plan.remaining--
           record.injected = "fault"
           if (plan.fault.when === "before") {
-            pendingCalls.delete(record.seq)
+            record.pending = false
             return yield* injectedFailure("before")
           }
           record.loseAnswer = true
@@ -650,7 +673,7 @@ export const make = <R = never>(
       before: (info, now) => {
         progress++
         const key = info.lease === undefined ? `${info.executionId}/read` : leaseKey(info.executionId, info.lease)
-        const step = info.stepId === undefined ? undefined : stepInfo.get(info.stepId)
+        const step = info.stepId === undefined ? undefined : core.unsafeGetStep(info.executionId, info.stepId)
         const record: CallRecord = {
           seq: callLog.length,
           call: info.call,
@@ -662,7 +685,7 @@ export const make = <R = never>(
           kind: info.submission?.kind ?? step?.kind,
           target: info.submission?.target ?? step?.target,
           argsJson: info.submission?.argsJson,
-          idempotency: info.submission?.idempotency ?? step?.idempotency,
+          idempotency: info.submission?.idempotency ?? idempotencyOf(step),
           atMs: now,
           reached: false,
           answer: undefined,
@@ -670,6 +693,7 @@ export const make = <R = never>(
           delivered: false,
           injected: undefined,
           loseAnswer: false,
+          pending: true,
           key
         }
         callLog.push(record)
@@ -679,23 +703,17 @@ export const make = <R = never>(
           callsByExecution.set(info.executionId, list)
         }
         list.push(record)
-        pendingCalls.set(record.seq, record)
         return planned(info.executionId, key) ? injectBefore(info, record) : record.seq
       },
       after: (id, answer) => {
         progress++
-        const record = pendingCalls.get(id)
-        if (record === undefined) return
-        pendingCalls.delete(id)
+        const record = callLog[id]
+        if (record === undefined || !record.pending) return
+        record.pending = false
         record.reached = true
         record.answer = answer.answer
         record.answerSeq = callLog.length
-        if (record.stepId === undefined && answer.stepId !== undefined) {
-          record.stepId = answer.stepId
-          if (record.kind !== undefined && record.target !== undefined && record.idempotency !== undefined) {
-            stepInfo.set(answer.stepId, { kind: record.kind, target: record.target, idempotency: record.idempotency })
-          }
-        }
+        if (record.stepId === undefined && answer.stepId !== undefined) record.stepId = answer.stepId
         if (record.loseAnswer || planned(record.executionId, record.key)) return injectAfter(record)
         record.delivered = true
       },

@@ -38,15 +38,21 @@ export const executionPayload = (
  * @since 0.1.0
  * @internal
  */
+export interface StepPayloadOptions {
+  readonly error?: string | undefined
+  readonly ruleId?: string | undefined
+  readonly omitEmptyTarget?: boolean | undefined
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
 export const stepPayload = (
   stepId: string,
   kind: string,
   target: string,
-  options?: {
-    readonly error?: string | undefined
-    readonly ruleId?: string | undefined
-    readonly omitEmptyTarget?: boolean | undefined
-  }
+  options?: StepPayloadOptions
 ): string => {
   let out = "{"
   if (options?.error !== undefined) out += "\"error\":" + options.error + ","
