@@ -21,14 +21,13 @@
  */
 import { Deferred, Effect, Schema, TestClock, TestContext } from "effect"
 import { spawn } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import * as Kernel from "../src/kernel/index.js"
 import { Agent, Tool } from "../src/index.js"
 import type { KernelClient } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, Result } from "./util.js"
-import { gc, log, mib, nowMs, round, rssSampler, sleep } from "./util.js"
+import { gc, log, mib, nodeArgs, nowMs, round, rssSampler, sleep } from "./util.js"
 
 const SECRET = "bench-secret"
 
@@ -72,11 +71,20 @@ const createMany = (core: Kernel.Core.KernelCore, agentId: string, n: number) =>
       )
   )
 
-/** Redeliveries (attempt > 1) and the executions they hit. */
+/**
+ * Redeliveries (attempt > 1), split by cause: a failed webhook delivery
+ * (`dispatch.failed`) or a lease that lapsed and was reclaimed (the rest).
+ */
 const redeliveries = (core: Kernel.Core.KernelCore) =>
-  Effect.map(core.dispatches(), (all) => {
-    const hit = all.filter((d) => d.attempt > 1)
-    return { dispatches: hit.length, extraAttempts: hit.reduce((n, d) => n + d.attempt - 1, 0) }
+  Effect.gen(function*() {
+    const hit = (yield* core.dispatches()).filter((d) => d.attempt > 1)
+    let webhookFailures = 0
+    for (const d of hit) {
+      const events = yield* core.eventLog(d.executionId)
+      webhookFailures += events.filter((e) => e.type === "dispatch.failed").length
+    }
+    const extraAttempts = hit.reduce((n, d) => n + d.attempt - 1, 0)
+    return { dispatches: hit.length, extraAttempts, webhookFailures, leaseLapses: extraAttempts - webhookFailures }
   })
 
 const concurrent = (options: BenchOptions) =>
@@ -171,6 +179,8 @@ const concurrent = (options: BenchOptions) =>
       heartbeat_late_threshold_ms: lateAfterMs,
       heartbeat_max_gap_ms: round(maxGap),
       redelivered_dispatches: redelivered.dispatches,
+      redeliveries_after_webhook_failure: redelivered.webhookFailures,
+      redeliveries_after_lease_lapse: redelivered.leaseLapses,
       outcome_posts: finished,
       dispatcher: DISPATCHER
     }
@@ -265,7 +275,7 @@ const memory = (options: BenchOptions) =>
  */
 const memoryInChild = (options: BenchOptions): Promise<Record<string, unknown>> =>
   new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url)], {
+    const child = spawn(process.execPath, nodeArgs("concurrency"), {
       env: { ...process.env, BENCH_MEMORY_CHILD: "1", BENCH_QUICK: options.quick ? "1" : "0" },
       stdio: ["ignore", "pipe", "inherit"]
     })

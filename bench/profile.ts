@@ -1,6 +1,7 @@
 /**
  * Profiling entry point (not part of `npm run bench`): runs only the SDK side
- * of `step-cost` for a while, for `node --cpu-prof --import tsx bench/profile.ts`.
+ * of `step-cost` for a while, for `node --cpu-prof .bench/bench/profile.js`
+ * (after `npm run bench` has compiled it).
  *
  * @since 0.1.0
  */

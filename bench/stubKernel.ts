@@ -10,7 +10,7 @@
  * - `POST …/steps/{step_id}/complete` and `/fail` → `{"decision":"recorded"}`;
  * - heartbeat, complete / fail execution → `204`.
  *
- * Run as a child process (`node --import tsx bench/stubKernel.ts`) it prints
+ * Run as a child process (`node .bench/bench/stubKernel.js`) it prints
  * `listening <port>` on stdout, so the benchmark's client side gets a core of
  * its own.
  *

@@ -57,14 +57,16 @@ const makeAgents = () => {
 /** Runs the `testkernel` figures. */
 export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>> => {
   const agents = makeAgents()
-  const steps = options.quick ? 2_000 : 10_000
-  const rounds = options.quick ? 3 : 5
+  const steps = options.quick ? 5_000 : 10_000
+  const rounds = options.quick ? 5 : 7
   const testRuns = options.quick ? 10 : 30
   const program = Effect.gen(function*() {
     const kernel = yield* TestKernel.TestKernel
-    // warm-up
-    agents.setSteps(500)
-    yield* kernel.run(agents.many, {})
+    // Warm-up: let the JIT settle before anything is timed.
+    for (let i = 0; i < 3; i++) {
+      agents.setSteps(5_000)
+      yield* kernel.run(agents.many, {})
+    }
     const inside: Array<number> = []
     const whole: Array<number> = []
     for (let r = 0; r < rounds; r++) {

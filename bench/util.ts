@@ -93,11 +93,20 @@ export const gc = (): void => {
   collect()
 }
 
+/**
+ * Node's arguments to run a sibling module of this one in a child process: the
+ * compiled `.js` as it is (`npm run bench`), a `.ts` source through tsx.
+ */
+export const nodeArgs = (module: string): Array<string> => {
+  const ext = import.meta.url.endsWith(".ts") ? ".ts" : ".js"
+  const script = fileURLToPath(new URL(`./${module}${ext}`, import.meta.url))
+  return ext === ".ts" ? ["--import", "tsx", script] : [script]
+}
+
 /** The stub kernel in a child process (its own core), killed by `stop`. */
 export const spawnStub = (): Promise<{ readonly url: string; readonly stop: () => void }> =>
   new Promise((resolve, reject) => {
-    const script = fileURLToPath(new URL("./stubKernel.ts", import.meta.url))
-    const child: ChildProcess = spawn(process.execPath, ["--import", "tsx", script], {
+    const child: ChildProcess = spawn(process.execPath, nodeArgs("stubKernel"), {
       env: { ...process.env, BENCH_STUB_CHILD: "1" },
       stdio: ["pipe", "pipe", "inherit"]
     })

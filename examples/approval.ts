@@ -73,10 +73,10 @@ const settings = Effect.gen(function*() {
 export const DeployerLive = Layer.unwrapEffect(
   Effect.map(settings, ({ baseUrl, port, secret }) =>
     Layer.mergeAll(
-      Agent.serve(deployer, { port }).pipe(Layer.provide(KernelClient.layer({ baseUrl, secret }))),
-      Client.layer({ baseUrl })
+      Agent.serve(deployer, { port }).pipe(Layer.provide(KernelClient.layerUndici({ baseUrl, secret }))),
+      Client.layer({ baseUrl }).pipe(Layer.provide(NodeHttpClient.layerUndici))
     ))
-).pipe(Layer.provide(NodeHttpClient.layerUndici))
+)
 
 /** The operator: create, wait for the approval, grant it as alice, follow to the end. */
 export const operate = Effect.gen(function*() {

@@ -93,8 +93,7 @@ const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: st
     const context = yield* Layer.buildWithScope(
       Agent.layer(agent).pipe(
         Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layer({ baseUrl: kernelUrl, secret })),
-        Layer.provide(NodeHttpClient.layerUndici)
+        Layer.provide(KernelClient.layerUndici({ baseUrl: kernelUrl, secret }))
       ),
       scope
     )

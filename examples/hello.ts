@@ -12,7 +12,7 @@
  *
  *   curl -s localhost:8080/v0/executions -d '{"agent_id":"hello","input":{"query":"hello world"}}'
  */
-import { NodeHttpClient, NodeRuntime } from "@effect/platform-node"
+import { NodeRuntime } from "@effect/platform-node"
 import { Config, Effect, Layer, Redacted, Schema } from "effect"
 import { Agent, KernelClient, Tool } from "effect-rebuno"
 import { pathToFileURL } from "node:url"
@@ -54,9 +54,9 @@ export const KernelLive = Layer.unwrapEffect(
     const secret = yield* Config.redacted("REBUNO_AGENT_SECRET").pipe(
       Config.withDefault(Redacted.make("hello-secret"))
     )
-    return KernelClient.layer({ baseUrl, secret })
+    return KernelClient.layerUndici({ baseUrl, secret })
   })
-).pipe(Layer.provide(NodeHttpClient.layerUndici))
+)
 
 /** Serve the webhook on `AGENT_PORT` (default 5000). */
 export const HelloLive = Layer.unwrapEffect(

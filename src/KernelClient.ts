@@ -9,15 +9,22 @@
  * an error), every request has a timeout (35 s by default), and retries happen
  * only where section 15 says they are safe — never on a step submission.
  *
- * The HTTP implementation needs an `HttpClient`; the common production setup is
- * one line:
+ * Two transports send the same bytes. On Node.js the recommended one drives
+ * undici's dispatcher directly and needs nothing else:
+ *
+ * ```ts
+ * KernelClient.layerUndiciConfig()   // REBUNO_URL, REBUNO_AGENT_SECRET
+ * ```
+ *
+ * The other runs on any `@effect/platform` `HttpClient` (other runtimes, or
+ * `transformClient` for proxies and logging):
  *
  * ```ts
  * KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
  * ```
  *
- * `layerConfig` reads `REBUNO_URL` and `REBUNO_AGENT_SECRET` (options win over
- * the environment) and fails fast when either is missing or empty. With
+ * The `Config` layers read `REBUNO_URL` and `REBUNO_AGENT_SECRET` (options win
+ * over the environment) and fail fast when either is missing or empty. With
  * `FetchHttpClient`, provide `FetchHttpClient.RequestInit` with
  * `{ redirect: "manual" }` so that fetch does not follow redirects itself.
  * The test kit provides an in-process implementation of the same service.

@@ -197,7 +197,8 @@ export interface KernelCall {
 /**
  * What a settled execution looks like from outside: its status, output,
  * failure reason, steps, events and pending approvals, decoded exactly as a
- * client would see them over HTTP.
+ * client would see them over HTTP. Steps and events are those of the moment the
+ * execution settled, decoded when first read.
  *
  * @since 0.1.0
  * @category models
@@ -428,15 +429,14 @@ interface CallRecord {
   key: string
 }
 
-const leaseKeys = new WeakMap<KernelClientModule.Lease, string>()
+const leaseKeys = new WeakMap<KernelClientModule.Lease, { readonly executionId: string; readonly key: string }>()
 
 /** The key of a run's calls; kept per lease object (a run passes the same one to every call). */
 const leaseKey = (executionId: string, lease: KernelClientModule.Lease): string => {
-  let key = leaseKeys.get(lease)
-  if (key === undefined || !key.startsWith(executionId)) {
-    key = `${executionId}/${lease.dispatchId}/${lease.attempt ?? "?"}`
-    leaseKeys.set(lease, key)
-  }
+  const known = leaseKeys.get(lease)
+  if (known !== undefined && known.executionId === executionId) return known.key
+  const key = `${executionId}/${lease.dispatchId}/${lease.attempt ?? "?"}`
+  leaseKeys.set(lease, { executionId, key })
   return key
 }
 

@@ -196,28 +196,34 @@ export const make = (
    * A step call: when nothing is injected, the hooks and the kernel run as plain
    * code at one instant of the clock; otherwise it takes the slow path.
    */
-  const stepCall = (
+  const stepCall = <E>(
     info: CallInfo,
     call: (now: number) => Core.Decision | Core.KernelFailure,
-    effect: Effect.Effect<Core.Decision, Core.KernelFailure>
-  ): Effect.Effect<Core.Decision, Core.KernelFailure | KernelError> =>
-    Effect.clockWith((clock) =>
-      Effect.suspend(() => {
-        const now = clock.unsafeCurrentTimeMillis()
-        const before = interceptor.before(info, now)
-        if (typeof before !== "number") {
-          return interceptor.track(Effect.flatMap(before, (id) =>
-            Effect.flatMap(Effect.exit(effect), (exit) => {
-              const after = interceptor.after(id, answerOf(exit))
-              return after === undefined ? exit : Effect.zipRight(after, exit)
-            })))
-        }
+    effect: () => Effect.Effect<Core.Decision, Core.KernelFailure>,
+    onFailure: (failure: Core.KernelFailure) => E
+  ): Effect.Effect<Protocol.StepDecision, E | KernelError> =>
+    Effect.clockWith((clock) => {
+      const now = clock.unsafeCurrentTimeMillis()
+      const before = interceptor.before(info, now)
+      if (typeof before === "number") {
         const result = call(now)
         const after = interceptor.after(before, answerOfValue(result))
-        const exit = result instanceof KernelFailureClass ? Effect.fail(result) : Effect.succeed(result)
-        return after === undefined ? exit : interceptor.track(Effect.zipRight(after, exit))
-      })
-    )
+        if (after === undefined) {
+          return result instanceof KernelFailureClass ? Effect.fail(onFailure(result)) : Effect.succeed(toDecision(result))
+        }
+        return interceptor.track(
+          Effect.zipRight(
+            after,
+            result instanceof KernelFailureClass ? Effect.fail(onFailure(result)) : Effect.succeed(toDecision(result))
+          )
+        )
+      }
+      return interceptor.track(Effect.flatMap(before, (id) =>
+        Effect.flatMap(Effect.exit(effect()), (exit) => {
+          const after = interceptor.after(id, answerOf(exit))
+          return after === undefined ? exit : Effect.zipRight(after, exit)
+        }))).pipe(Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision }))
+    })
 
   const info = (
     call: CallName,
@@ -237,8 +243,9 @@ export const make = (
     stepCall(
       info("failStep", caller, executionId, { stepId }),
       (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "failed", errorJson),
-      core.failStep(executionId, stepId, caller.lease, errorJson)
-    ).pipe(Effect.mapBoth({ onFailure: mapFailure(signalOr), onSuccess: toDecision }), Http.retryTransport)
+      () => core.failStep(executionId, stepId, caller.lease, errorJson),
+      signalOr
+    ).pipe(Http.retryTransport)
 
   /** Complete / fail execution: `409 execution_terminal` means an earlier try (or a cancel) got there first. */
   const outcome = (
@@ -263,19 +270,16 @@ export const make = (
       stepCall(
         info("submitStep", caller, executionId, { submission: s }),
         (now) => core.unsafeSubmitStep(now, executionId, caller.lease, toCore(s)),
-        core.submitStep(executionId, caller.lease, toCore(s))
-      ).pipe(
-        Effect.mapBoth({
-          onFailure: mapFailure((f) => f.code === "policy_denied" ? new PolicyError({ reason: f.message }) : signalOr(f)),
-          onSuccess: toDecision
-        })
+        () => core.submitStep(executionId, caller.lease, toCore(s)),
+        (f) => f.code === "policy_denied" ? new PolicyError({ reason: f.message }) : signalOr(f)
       ),
     completeStep: (caller, executionId, stepId, resultJson) =>
       stepCall(
         info("completeStep", caller, executionId, { stepId }),
         (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "succeeded", resultJson),
-        core.completeStep(executionId, stepId, caller.lease, resultJson)
-      ).pipe(Effect.mapBoth({ onFailure: mapFailure(signalOr), onSuccess: toDecision }), Http.retryTransport),
+        () => core.completeStep(executionId, stepId, caller.lease, resultJson),
+        signalOr
+      ).pipe(Http.retryTransport),
     failStep: (caller, executionId, stepId, message) => failStepJson(caller, executionId, stepId, JSON.stringify({ message })),
     failStepJson,
     publishDelta: (_caller, executionId, stepId, seq, data) => core.publishDelta(executionId, { stepId, seq, data }),
