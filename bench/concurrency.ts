@@ -20,14 +20,13 @@
  * @since 0.1.0
  */
 import { Deferred, Effect, Schema, TestClock, TestContext } from "effect"
-import { spawn } from "node:child_process"
 import * as Kernel from "../src/kernel/index.js"
 import { Agent, Tool } from "../src/index.js"
 import type { KernelClient } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, Result } from "./util.js"
-import { gc, log, mib, nodeArgs, nowMs, round, rssSampler, sleep } from "./util.js"
+import { gc, inChild, log, mib, nowMs, round, rssSampler, sleep } from "./util.js"
 
 const SECRET = "bench-secret"
 
@@ -274,23 +273,7 @@ const memory = (options: BenchOptions) =>
  * inflate its RSS): `BENCH_MEMORY_CHILD=1` makes this module print the result.
  */
 const memoryInChild = (options: BenchOptions): Promise<Record<string, unknown>> =>
-  new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, nodeArgs("concurrency"), {
-      env: { ...process.env, BENCH_MEMORY_CHILD: "1", BENCH_QUICK: options.quick ? "1" : "0" },
-      stdio: ["ignore", "pipe", "inherit"]
-    })
-    let out = ""
-    child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")))
-    child.on("error", reject)
-    child.on("exit", (code) => {
-      const line = out.trim().split("\n").pop() ?? ""
-      try {
-        resolve(JSON.parse(line) as Record<string, unknown>)
-      } catch {
-        reject(new Error(`memory check child exited ${code} without a result`))
-      }
-    })
-  })
+  inChild("concurrency", { BENCH_MEMORY_CHILD: "1", BENCH_QUICK: options.quick ? "1" : "0" })
 
 if (process.env["BENCH_MEMORY_CHILD"] === "1") {
   Effect.runPromise(memory({ quick: process.env["BENCH_QUICK"] === "1" })).then(

@@ -15,7 +15,7 @@ import { Effect, Schema, TestContext } from "effect"
 import { Agent, Tool } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import type { BenchOptions, Result } from "./util.js"
-import { log, median, nowMs, round } from "./util.js"
+import { inChild, log, median, nowMs, round } from "./util.js"
 
 const makeAgents = () => {
   let steps = 0
@@ -54,72 +54,104 @@ const makeAgents = () => {
   }
 }
 
-/** Runs the `testkernel` figures. */
-export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>> => {
+/** A fresh kit (as each `it.effect` test gets) running one agent to completion. */
+const inFreshKit = <A>(
+  agents: ReturnType<typeof makeAgents>,
+  use: (kernel: TestKernel.TestKernel["Type"]) => Effect.Effect<A, unknown>
+): Promise<A> =>
+  Effect.runPromise(
+    Effect.gen(function*() {
+      return yield* use(yield* TestKernel.TestKernel)
+    }).pipe(
+      Effect.provide(TestKernel.layer({ agents: [agents.many, agents.hundred] })),
+      Effect.provide(TestContext.TestContext),
+      Effect.orDie
+    )
+  )
+
+/** The figures, measured in this process. */
+const measure = async (options: BenchOptions): Promise<Result> => {
   const agents = makeAgents()
   const steps = options.quick ? 5_000 : 10_000
-  const rounds = options.quick ? 5 : 7
+  const rounds = options.quick ? 5 : 9
   const testRuns = options.quick ? 10 : 30
-  const program = Effect.gen(function*() {
-    const kernel = yield* TestKernel.TestKernel
-    // Warm-up: let the JIT settle before anything is timed.
-    for (let i = 0; i < 3; i++) {
-      agents.setSteps(5_000)
-      yield* kernel.run(agents.many, {})
-    }
-    const inside: Array<number> = []
-    const whole: Array<number> = []
-    for (let r = 0; r < rounds; r++) {
-      agents.setSteps(steps)
+  log(`testkernel: ${rounds} tests of ${steps} sequential steps (a fresh kit each), then ${testRuns} 100-step tests`)
+  const longRun = (kernel: TestKernel.TestKernel["Type"]) =>
+    Effect.gen(function*() {
       const t0 = nowMs()
       const result = yield* kernel.run(agents.many, {})
       const t1 = nowMs()
       if (result.status !== "completed" || agents.elapsed() < 0) {
         return yield* Effect.dieMessage(`testkernel: run ended ${result.status} ${result.failureReason}`)
       }
-      inside.push((steps * 1000) / agents.elapsed())
-      whole.push((steps * 1000) / (t1 - t0))
-      log(`  testkernel round ${r + 1}/${rounds}: ${round(inside[r]!)} steps/s in the handler, ${round(whole[r]!)} incl. create + settle`)
-    }
-    const hundred: Array<number> = []
-    for (let r = 0; r < testRuns; r++) {
-      const t0 = nowMs()
-      const result = yield* kernel.run(agents.hundred, {})
-      hundred.push(nowMs() - t0)
-      if (result.status !== "completed") return yield* Effect.dieMessage("testkernel: 100-step run failed")
-    }
-    return { inside, whole, hundred }
-  }).pipe(
-    Effect.provide(TestKernel.layer({ agents: [agents.many, agents.hundred] })),
-    Effect.provide(TestContext.TestContext)
-  )
-  log(`testkernel: ${rounds} runs of ${steps} sequential steps, then ${testRuns} 100-step tests`)
-  const { hundred, inside, whole } = await Effect.runPromise(program)
-
-  // A whole test: a fresh kit (layer build) + create + settle of the 100-step agent.
+      return { inside: (steps * 1000) / agents.elapsed(), whole: (steps * 1000) / (t1 - t0) }
+    })
+  // Warm-up: let the JIT settle before anything is timed.
+  for (let i = 0; i < 3; i++) {
+    agents.setSteps(steps)
+    await inFreshKit(agents, longRun)
+  }
+  const inside: Array<number> = []
+  const whole: Array<number> = []
+  for (let r = 0; r < rounds; r++) {
+    agents.setSteps(steps)
+    const figures = await inFreshKit(agents, longRun)
+    inside.push(figures.inside)
+    whole.push(figures.whole)
+    log(`  testkernel round ${r + 1}/${rounds}: ${round(figures.inside)} steps/s in the handler, ${round(figures.whole)} incl. create + settle`)
+  }
+  // A typical agent test: create + settle of the 100-step agent, in one kit…
+  const hundred = await inFreshKit(agents, (kernel) =>
+    Effect.gen(function*() {
+      const times: Array<number> = []
+      for (let r = 0; r < testRuns; r++) {
+        const t0 = nowMs()
+        const result = yield* kernel.run(agents.hundred, {})
+        times.push(nowMs() - t0)
+        if (result.status !== "completed") return yield* Effect.dieMessage("testkernel: 100-step run failed")
+      }
+      return times
+    }))
+  // … and with a fresh kit (layer build) per test, as `it.effect` does.
   const fresh: Array<number> = []
   for (let r = 0; r < (options.quick ? 5 : 15); r++) {
     const t0 = nowMs()
-    await Effect.runPromise(
-      Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        return yield* kernel.run(agents.hundred, {})
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [agents.hundred] })), Effect.provide(TestContext.TestContext))
-    )
+    await inFreshKit(agents, (kernel) => kernel.run(agents.hundred, {}))
     fresh.push(nowMs() - t0)
   }
   const stepsPerS = median(inside)
-  return [{
+  return {
     name: "testkernel",
     transport: "direct",
     steps_per_run: steps,
     runs: rounds,
     steps_per_s: round(stepsPerS),
+    steps_per_s_min: round(Math.min(...inside)),
+    steps_per_s_max: round(Math.max(...inside)),
     steps_per_s_incl_create_settle: round(median(whole)),
     us_per_step: round(1e6 / stepsPerS, 1),
     target_steps_per_s: 50_000,
     test_100_steps_ms: round(median(hundred), 1),
     test_100_steps_fresh_layer_ms: round(median(fresh), 1),
-    test_100_steps_runs: hundred.length
-  }]
+    test_100_steps_runs: hundred.length,
+    process: "fresh child process; a fresh TestKernel.layer per test"
+  }
 }
+
+if (process.env["BENCH_TESTKERNEL_CHILD"] === "1") {
+  measure({ quick: process.env["BENCH_QUICK"] === "1" }).then(
+    (result) => {
+      process.stdout.write(JSON.stringify(result) + "\n")
+      process.exit(0)
+    },
+    (error) => {
+      log("testkernel failed:", String(error))
+      process.exit(1)
+    }
+  )
+}
+
+/** Runs the `testkernel` figures in a fresh child process (earlier benchmarks leave a large heap behind). */
+export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>> => [
+  await inChild<Result>("testKernel", { BENCH_TESTKERNEL_CHILD: "1", BENCH_QUICK: options.quick ? "1" : "0" })
+]

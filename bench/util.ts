@@ -103,6 +103,29 @@ export const nodeArgs = (module: string): Array<string> => {
   return ext === ".ts" ? ["--import", "tsx", script] : [script]
 }
 
+/**
+ * Run a sibling module in a fresh child process with `env` added, and resolve
+ * with the JSON of the last line it prints on stdout (its stderr is ours).
+ */
+export const inChild = <A = Record<string, unknown>>(module: string, env: Record<string, string>): Promise<A> =>
+  new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, nodeArgs(module), {
+      env: { ...process.env, ...env },
+      stdio: ["ignore", "pipe", "inherit"]
+    })
+    let out = ""
+    child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")))
+    child.on("error", reject)
+    child.on("exit", (code) => {
+      const line = out.trim().split("\n").pop() ?? ""
+      try {
+        resolve(JSON.parse(line) as A)
+      } catch {
+        reject(new Error(`${module} child exited ${code} without a result`))
+      }
+    })
+  })
+
 /** The stub kernel in a child process (its own core), killed by `stop`. */
 export const spawnStub = (): Promise<{ readonly url: string; readonly stop: () => void }> =>
   new Promise((resolve, reject) => {

@@ -11,8 +11,8 @@
  *
  * @since 0.1.0
  */
-import { Effect, JSONSchema, Schema } from "effect"
-import type { Execution } from "./Execution.js"
+import { Context, Effect, JSONSchema, Schema } from "effect"
+import { Execution } from "./Execution.js"
 import { InvalidArguments, PolicyError } from "./RebunoError.js"
 import * as Codec from "./internal/codec.js"
 import * as internal from "./internal/run.js"
@@ -82,8 +82,8 @@ const build = <
   R
 >(name: string, options: Options<Args, Success, Failure, R>): Tool<Args, Success, Failure, R> => {
   const idempotency = options.idempotency ?? "safe_to_retry"
-  const step = (args: Schema.Schema.Type<Args>, encodedArgs: unknown) =>
-    internal.runStep({
+  const step = (execution: Execution["Type"], args: Schema.Schema.Type<Args>, encodedArgs: unknown) =>
+    internal.runStepIn(execution, {
       kind: "tool_call",
       target: name,
       args: encodedArgs,
@@ -92,19 +92,23 @@ const build = <
       failure: options.failure as Schema.Schema<Schema.Schema.Type<Failure>, unknown, unknown> | undefined,
       body: (context) => options.execute(args, context)
     })
-  const span = Tracing.withSpan("Tool.call", { attributes: { "rebuno.tool": name } })
+  const spanOptions: Tracing.SpanOptions = { attributes: { "rebuno.tool": name } }
   const call = (args: Schema.Schema.Type<Args>) =>
-    span(Effect.suspend(() => {
+    Effect.withFiberRuntime<Schema.Schema.Type<Success>, StepError | Schema.Schema.Type<Failure>, unknown>((fiber) => {
+      // The execution context, as `yield* Execution` would get it (a missing one is a defect).
+      const execution = Context.unsafeGet(fiber.currentContext, Execution)
       const quick = Codec.encodeSync(options.args, args)
-      if (quick !== undefined) return step(args, quick.value)
-      return Schema.encode(options.args)(args).pipe(
-        Effect.catchAll((error) => {
-          const issue = internal.firstIssue(error)
-          return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
-        }),
-        Effect.flatMap((encodedArgs) => step(args, encodedArgs))
-      )
-    }))
+      const effect = quick !== undefined
+        ? step(execution, args, quick.value)
+        : Schema.encode(options.args)(args).pipe(
+          Effect.catchAll((error) => {
+            const issue = internal.firstIssue(error)
+            return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
+          }),
+          Effect.flatMap((encodedArgs) => step(execution, args, encodedArgs))
+        )
+      return Tracing.withSpanIn(fiber, "Tool.call", spanOptions, effect)
+    })
   let jsonSchema: JSONSchema.JsonSchema7Root | undefined
   return Object.defineProperties(call, {
     name: { value: name, enumerable: true },

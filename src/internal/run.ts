@@ -130,19 +130,27 @@ export const submit = (
   if (args._tag === "Invalid") {
     return Effect.fail(new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason }))
   }
+  const stepSubmission = {
+    kind: submission.kind,
+    target: submission.target,
+    argsJson: args.json,
+    idempotency: submission.idempotency
+  }
+  const direct = execution.kernel.unguarded
   return Effect.matchEffect(
-    execution.kernel.submitStep(execution.caller, execution.executionId, {
-      kind: submission.kind,
-      target: submission.target,
-      argsJson: args.json,
-      idempotency: submission.idempotency
-    }),
+    direct === undefined
+      ? execution.kernel.submitStep(execution.caller, execution.executionId, stepSubmission)
+      : direct.isStopped()
+      ? Effect.fail(new LeaseSuperseded())
+      : direct.kernel.submitStep(execution.caller, execution.executionId, stepSubmission),
     {
       onFailure: (e): Effect.Effect<never, StepError> =>
         e instanceof KernelError && isTransportFailure(e)
           ? signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` }))
           : e instanceof PolicyError && e.target === undefined
           ? Effect.fail(new PolicyError({ ...e, target: submission.target }))
+          : isAnswerSignal(e)
+          ? signal(execution, e)
           : Effect.fail(e),
       onSuccess: (decision) => admit(execution, submission.target, decision)
     }
@@ -218,6 +226,19 @@ const settled = (
   }
 }
 
+/** A signal the kernel answers with; recorded on the run (as the guarded client would). */
+const isAnswerSignal = (e: unknown): e is LeaseSuperseded | Terminated =>
+  e instanceof LeaseSuperseded || e instanceof Terminated
+
+const completeCall = (execution: Execution.Service, stepId: string, resultJson: string) => {
+  const direct = execution.kernel.unguarded
+  return direct === undefined
+    ? execution.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)
+    : direct.isStopped()
+    ? Effect.fail(new LeaseSuperseded())
+    : direct.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)
+}
+
 /**
  * `POST …/complete`, then succeed with `value`. Transport failures left after
  * the client's retries abandon the run (15.1).
@@ -232,10 +253,12 @@ export const complete = <A>(
   resultJson: string,
   value: A
 ): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-  Effect.matchEffect(execution.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson), {
+  Effect.matchEffect(completeCall(execution, stepId, resultJson), {
     onFailure: (e): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
       e instanceof KernelError && isTransportFailure(e)
         ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
+        : isAnswerSignal(e)
+        ? signal(execution, e)
         : Effect.fail(e),
     onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> =>
       settled(execution, decision) ?? Effect.succeed(value)
@@ -336,7 +359,19 @@ const isPropagated = (e: unknown): e is RunSignal | PolicyError | RateLimited =>
 export const runStep = <A, E, R, I, RS, F, FI, RF>(
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
-  Effect.flatMap(Execution, (execution) => {
+  Effect.flatMap(Execution, (execution) => runStepIn(execution, options))
+
+/**
+ * {@link runStep} in a run whose execution context is at hand.
+ *
+ * @since 0.1.0
+ * @category internal
+ * @internal
+ */
+export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>
+): Effect.Effect<A, StepError | F, R | RS | RF> => {
     const idempotency = options.idempotency ?? "safe_to_retry"
     return Effect.flatMap(
       submit(execution, {
@@ -357,7 +392,7 @@ export const runStep = <A, E, R, I, RS, F, FI, RF>(
         )
       }
     )
-  })
+  }
 
 /** Encode a body's result and record it (or record why it cannot be). */
 const record = <A, E, R, I, RS, F, FI, RF>(

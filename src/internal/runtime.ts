@@ -39,6 +39,15 @@ export interface RunClient extends Omit<KernelClient.Service, "getExecution"> {
     stepId: string,
     error: StepFailureRecord
   ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
+  /**
+   * The step path's way around the guard: whether the run has stopped, and the
+   * process-wide client. A caller using it refuses calls itself once stopped and
+   * records the signals the kernel answers (absent on clients built elsewhere).
+   */
+  readonly unguarded?: {
+    readonly isStopped: () => boolean
+    readonly kernel: KernelClient.Service
+  } | undefined
 }
 
 /**
@@ -149,6 +158,7 @@ const scopedClient = (
     )
   return {
     secret: kernel.secret,
+    unguarded: { isStopped, kernel },
     getExecution: (caller, executionId) => guard(() => kernel.getExecution(caller, executionId)),
     submitStep: (caller, executionId, submission) => guard(() => kernel.submitStep(caller, executionId, submission)),
     completeStep: (caller, executionId, stepId, resultJson) =>

@@ -12,7 +12,7 @@
  * @internal
  */
 import { Effect, FiberRef } from "effect"
-import type { Tracer } from "effect"
+import type { Fiber, Tracer } from "effect"
 
 /** Effect's built-in tracer (the default service). */
 const builtInTracer: Tracer.Tracer = Effect.runSync(Effect.tracer)
@@ -31,20 +31,35 @@ export const isRecording = (tracer: Tracer.Tracer, enabled: boolean): boolean =>
  *
  * @internal
  */
-export const withSpan = (
-  name: string,
-  options?: {
-    readonly kind?: Tracer.SpanKind | undefined
-    readonly attributes?: Record<string, unknown> | undefined
-  }
-) =>
+export const withSpan = (name: string, options?: SpanOptions) =>
 <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
-  Effect.withFiberRuntime((fiber) =>
-    isRecording(fiber.currentTracer, fiber.getFiberRef(FiberRef.currentTracerEnabled))
-      ? Effect.withSpan(self, name, {
-        captureStackTrace: false,
-        ...(options?.kind === undefined ? {} : { kind: options.kind }),
-        ...(options?.attributes === undefined ? {} : { attributes: options.attributes })
-      })
-      : self
-  )
+  Effect.withFiberRuntime((fiber) => withSpanIn(fiber, name, options, self))
+
+/**
+ * The options of a span.
+ *
+ * @internal
+ */
+export interface SpanOptions {
+  readonly kind?: Tracer.SpanKind | undefined
+  readonly attributes?: Record<string, unknown> | undefined
+}
+
+/**
+ * {@link withSpan} for code already running with its fiber at hand.
+ *
+ * @internal
+ */
+export const withSpanIn = <A, E, R>(
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  name: string,
+  options: SpanOptions | undefined,
+  self: Effect.Effect<A, E, R>
+): Effect.Effect<A, E, R> =>
+  isRecording(fiber.currentTracer, fiber.getFiberRef(FiberRef.currentTracerEnabled))
+    ? Effect.withSpan(self, name, {
+      captureStackTrace: false,
+      ...(options?.kind === undefined ? {} : { kind: options.kind }),
+      ...(options?.attributes === undefined ? {} : { attributes: options.attributes })
+    })
+    : self
