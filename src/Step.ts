@@ -14,7 +14,6 @@
 import { Clock, Effect, Random, Schema } from "effect"
 import type { Execution } from "./Execution.js"
 import * as internal from "./internal/run.js"
-import * as Tracing from "./internal/tracing.js"
 
 /**
  * `safe_to_retry` (default): a body whose earlier run died is run again.
@@ -90,10 +89,10 @@ export interface Options<A, E, R, I = A, RS = never, F = never, FI = never, RF =
 export const make = <A, E = never, R = never, I = A, RS = never, F = never, FI = never, RF = never>(
   options: Options<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
-  internal.runStep(options).pipe(
-    Tracing.withSpan("Step.make", {
-      attributes: { "rebuno.step.kind": options.kind, "rebuno.step.target": options.target }
-    })
+  internal.tracedStep(
+    "Step.make",
+    { attributes: { "rebuno.step.kind": options.kind, "rebuno.step.target": options.target } },
+    (execution) => internal.runStepIn(execution, options)
   )
 
 /**
@@ -123,15 +122,16 @@ const runImpl = <A, E, R, I, RS, F, FI, RF>(
   body: Body<A, E, R>,
   options: RunOptions<A, I, RS, F, FI, RF> | undefined
 ): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
-  internal.runStep({
-    kind: "local",
-    target: name,
-    args: options?.args,
-    idempotency: options?.idempotency,
-    success: options?.success,
-    failure: options?.failure,
-    body: typeof body === "function" ? body : () => body
-  }).pipe(Tracing.withSpan("Step.run", { attributes: { "rebuno.step.target": name } }))
+  internal.tracedStep("Step.run", { attributes: { "rebuno.step.target": name } }, (execution) =>
+    internal.runStepIn(execution, {
+      kind: "local",
+      target: name,
+      args: options?.args,
+      idempotency: options?.idempotency,
+      success: options?.success,
+      failure: options?.failure,
+      body: typeof body === "function" ? body : () => body
+    }))
 
 /**
  * A local step (`kind: "local"`, `target` = `name`): records the outcome of

@@ -11,12 +11,12 @@
  *
  * @since 0.1.0
  */
-import { Context, Effect, JSONSchema, Schema } from "effect"
-import { Execution } from "./Execution.js"
+import { Effect, JSONSchema, Schema } from "effect"
+import type { Execution } from "./Execution.js"
 import { InvalidArguments, PolicyError } from "./RebunoError.js"
 import * as Codec from "./internal/codec.js"
 import * as internal from "./internal/run.js"
-import * as Tracing from "./internal/tracing.js"
+import type * as Tracing from "./internal/tracing.js"
 import type { Idempotency, StepContext, StepError } from "./Step.js"
 
 /**
@@ -94,11 +94,9 @@ const build = <
     })
   const spanOptions: Tracing.SpanOptions = { attributes: { "rebuno.tool": name } }
   const call = (args: Schema.Schema.Type<Args>) =>
-    Effect.withFiberRuntime<Schema.Schema.Type<Success>, StepError | Schema.Schema.Type<Failure>, unknown>((fiber) => {
-      // The execution context, as `yield* Execution` would get it (a missing one is a defect).
-      const execution = Context.unsafeGet(fiber.currentContext, Execution)
+    internal.tracedStep("Tool.call", spanOptions, (execution) => {
       const quick = Codec.encodeSync(options.args, args)
-      const effect = quick !== undefined
+      return quick !== undefined
         ? step(execution, args, quick.value)
         : Schema.encode(options.args)(args).pipe(
           Effect.catchAll((error) => {
@@ -107,7 +105,6 @@ const build = <
           }),
           Effect.flatMap((encodedArgs) => step(execution, args, encodedArgs))
         )
-      return Tracing.withSpanIn(fiber, "Tool.call", spanOptions, effect)
     })
   let jsonSchema: JSONSchema.JsonSchema7Root | undefined
   return Object.defineProperties(call, {

@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Effect, ParseResult, Schema } from "effect"
+import { Cause, Context, Effect, ParseResult, Schema } from "effect"
 import { Execution } from "../Execution.js"
 import type * as Protocol from "../Protocol.js"
 import {
@@ -26,6 +26,7 @@ import {
 } from "../RebunoError.js"
 import type { RunSignal } from "../RebunoError.js"
 import * as Codec from "./codec.js"
+import * as Tracing from "./tracing.js"
 import { stringifyStrict } from "./json.js"
 import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
 import type { StepFailureRecord } from "./runtime.js"
@@ -350,19 +351,26 @@ const isPropagated = (e: unknown): e is RunSignal | PolicyError | RateLimited =>
   isRunSignal(e) || e instanceof PolicyError || e instanceof RateLimited
 
 /**
- * The whole step: submit → decision → run or replay → complete / fail.
+ * A step in a span: the execution context is read from the running fiber (a
+ * missing one is a defect, as `yield* Execution` would be) and the span is made
+ * only when a tracer records it (see `tracing.ts`).
  *
  * @since 0.1.0
  * @category internal
  * @internal
  */
-export const runStep = <A, E, R, I, RS, F, FI, RF>(
-  options: StepOptions<A, E, R, I, RS, F, FI, RF>
-): Effect.Effect<A, StepError | F, R | RS | RF | Execution> =>
-  Effect.flatMap(Execution, (execution) => runStepIn(execution, options))
+export const tracedStep = <A, E, R>(
+  spanName: string,
+  spanOptions: Tracing.SpanOptions,
+  step: (execution: Execution.Service) => Effect.Effect<A, E, R>
+): Effect.Effect<A, E, R | Execution> =>
+  Effect.withFiberRuntime<A, E, R | Execution>((fiber) =>
+    Tracing.withSpanIn(fiber, spanName, spanOptions, step(Context.unsafeGet(fiber.currentContext, Execution)))
+  )
 
 /**
- * {@link runStep} in a run whose execution context is at hand.
+ * The whole step, in a run whose execution context is at hand: submit →
+ * decision → run or replay → complete / fail.
  *
  * @since 0.1.0
  * @category internal
