@@ -13,7 +13,7 @@
  *
  * @since 0.1.0
  */
-import { HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { Headers, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { HttpApp } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
@@ -410,15 +410,21 @@ const readCapped = <E>(
     )
 }
 
+/** An answer with no body, framed by `Content-Length: 0` (not an empty chunked body). */
+const bodiless = (status: number): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.empty({ status, headers: NO_BODY })
+
+const NO_BODY = Headers.fromInput({ "content-length": "0" })
+
 const httpAppFor = (rt: AgentRuntime): HttpApp.Default =>
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
-    if (declaredTooLarge(request.headers["content-length"])) return HttpServerResponse.empty({ status: 413 })
+    if (declaredTooLarge(request.headers["content-length"])) return bodiless(413)
     const body = yield* readCapped(request.stream)
-    if (body === "tooLarge") return HttpServerResponse.empty({ status: 413 })
-    if (body === "unreadable") return HttpServerResponse.empty({ status: 401 })
+    if (body === "tooLarge") return bodiless(413)
+    if (body === "unreadable") return bodiless(401)
     const status = yield* rt.handleWebhook({ body, signature: request.headers["rebuno-signature"] })
-    return HttpServerResponse.empty({ status })
+    return bodiless(status)
   })
 
 /**
@@ -451,7 +457,7 @@ export const layer = <In, A, E, R>(
         const request = yield* HttpServerRequest.HttpServerRequest
         const queryAt = request.url.indexOf("?")
         const pathname = queryAt === -1 ? request.url : request.url.slice(0, queryAt)
-        if (request.method !== "POST" || pathname !== path) return HttpServerResponse.empty({ status: 404 })
+        if (request.method !== "POST" || pathname !== path) return bodiless(404)
         return yield* app
       })
       yield* HttpServer.serveEffect(routed)

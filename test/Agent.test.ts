@@ -493,12 +493,16 @@ describe("HTTP", () => {
             HttpClientRequest.setHeader("rebuno-signature", sig),
             HttpClientRequest.bodyText(body, "application/json")
           )
-        ).pipe(Effect.map((r) => r.status))
-      expect(yield* client.get("/webhook").pipe(Effect.map((r) => r.status))).toBe(404)
-      expect(yield* post("/other", signature)).toBe(404)
-      expect(yield* post("/webhook/extra", signature)).toBe(404)
-      expect(yield* post("/webhook", "sha256=00")).toBe(401)
-      expect(yield* post("/webhook", signature)).toBe(200)
+        ).pipe(Effect.map((r) => [r.status, r.headers["content-length"], r.headers["transfer-encoding"]]))
+      // Every answer is bodiless, framed by Content-Length: 0 (not an empty chunked body).
+      const bodiless = (status: number) => [status, "0", undefined]
+      expect(
+        yield* client.get("/webhook").pipe(Effect.map((r) => [r.status, r.headers["content-length"], r.headers["transfer-encoding"]]))
+      ).toEqual(bodiless(404))
+      expect(yield* post("/other", signature)).toEqual(bodiless(404))
+      expect(yield* post("/webhook/extra", signature)).toEqual(bodiless(404))
+      expect(yield* post("/webhook", "sha256=00")).toEqual(bodiless(401))
+      expect(yield* post("/webhook", signature)).toEqual(bodiless(200))
       yield* until(() => fake.ops("completeExecution").length === 1)
     }).pipe(Effect.provide(NodeHttpServer.layerTest)), { timeout: 20_000 })
 
