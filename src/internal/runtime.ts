@@ -43,6 +43,8 @@ export interface RunClient extends Omit<KernelClient.Service, "getExecution"> {
    * The step path's way around the guard: whether the run has stopped, and the
    * process-wide client. A caller using it refuses calls itself once stopped and
    * records the signals the kernel answers (absent on clients built elsewhere).
+   *
+   * @internal
    */
   readonly unguarded?: {
     readonly isStopped: () => boolean
