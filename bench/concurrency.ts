@@ -26,7 +26,7 @@ import type { KernelClient } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, Result } from "./util.js"
-import { gc, inChild, log, mib, nowMs, round, rssSampler, sleep } from "./util.js"
+import { childMain, gc, inChild, log, mib, nowMs, round, rssSampler, sleep } from "./util.js"
 
 const SECRET = "bench-secret"
 
@@ -276,16 +276,7 @@ const memoryInChild = (options: BenchOptions): Promise<Record<string, unknown>> 
   inChild("concurrency", { BENCH_MEMORY_CHILD: "1", BENCH_QUICK: options.quick ? "1" : "0" })
 
 if (process.env["BENCH_MEMORY_CHILD"] === "1") {
-  Effect.runPromise(memory({ quick: process.env["BENCH_QUICK"] === "1" })).then(
-    (result) => {
-      process.stdout.write(JSON.stringify(result) + "\n")
-      process.exit(0)
-    },
-    (error) => {
-      log("memory check failed:", String(error))
-      process.exit(1)
-    }
-  )
+  childMain("memory check", Effect.runPromise(memory({ quick: process.env["BENCH_QUICK"] === "1" })))
 }
 
 /** Runs the `concurrency` figures (one JSON line with both parts). */

@@ -15,7 +15,7 @@ import { Effect, Schema, TestContext } from "effect"
 import { Agent, Tool } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import type { BenchOptions, Result } from "./util.js"
-import { inChild, log, median, nowMs, round } from "./util.js"
+import { childMain, inChild, log, median, nowMs, round } from "./util.js"
 
 const makeAgents = () => {
   let steps = 0
@@ -139,16 +139,7 @@ const measure = async (options: BenchOptions): Promise<Result> => {
 }
 
 if (process.env["BENCH_TESTKERNEL_CHILD"] === "1") {
-  measure({ quick: process.env["BENCH_QUICK"] === "1" }).then(
-    (result) => {
-      process.stdout.write(JSON.stringify(result) + "\n")
-      process.exit(0)
-    },
-    (error) => {
-      log("testkernel failed:", String(error))
-      process.exit(1)
-    }
-  )
+  childMain("testkernel", measure({ quick: process.env["BENCH_QUICK"] === "1" }))
 }
 
 /** Runs the `testkernel` figures in a fresh child process (earlier benchmarks leave a large heap behind). */

@@ -126,6 +126,23 @@ export const inChild = <A = Record<string, unknown>>(module: string, env: Record
     })
   })
 
+/**
+ * The child's side of {@link inChild}: print the result as the last line on
+ * stdout and exit 0, or report the failure and exit 1.
+ */
+export const childMain = (what: string, result: Promise<unknown>): void => {
+  result.then(
+    (value) => {
+      process.stdout.write(JSON.stringify(value) + "\n")
+      process.exit(0)
+    },
+    (error) => {
+      log(`${what} failed:`, String(error))
+      process.exit(1)
+    }
+  )
+}
+
 /** The stub kernel in a child process (its own core), killed by `stop`. */
 export const spawnStub = (): Promise<{ readonly url: string; readonly stop: () => void }> =>
   new Promise((resolve, reject) => {

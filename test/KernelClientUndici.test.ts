@@ -33,19 +33,13 @@ import * as Http from "node:http"
 import * as Net from "node:net"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
+import { caller, DISPATCH, EMPTY_SIGNATURE, EXEC, SECRET, STEP, SUBMIT_SIGNATURE } from "./support/kernelClientFixtures.js"
 import * as Signature from "../src/Signature.js"
 
 // ---------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------
 
-const SECRET = "hello-secret"
-const EMPTY_SIGNATURE = "sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703"
-const SUBMIT_SIGNATURE = "sha256=e9476b1512d71f59877d922dcc9669d921be4d0d58ad2b325aba0b0bac1fbe62"
-const EXEC = "0192f1a0-0000-7000-8000-000000000000"
-const DISPATCH = "0192f1a0-0000-7000-8000-0000000000d1"
-const STEP = "cd3f" + "0".repeat(56) + "5c29"
-const caller: KernelClient.Caller = { agentId: "hello", lease: { dispatchId: DISPATCH, attempt: 1 } }
 const submission: KernelClient.StepSubmission = {
   kind: "tool_call",
   target: "web_search",

@@ -1198,14 +1198,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     return decision
   }
 
-  const settleStep = (
-    now: number,
-    executionId: string,
-    stepId: string,
-    lease: Lease,
-    outcome: "succeeded" | "failed",
-    raw: string | undefined
-  ): Decision | KernelFailure => {
+  const settleStep: KernelCore["unsafeSettleStep"] = (now, executionId, stepId, lease, outcome, raw) => {
     const ex = executions.get(executionId)
     const step = ex?.steps.get(stepId)
     if (ex === undefined || step === undefined) return notFound()
