@@ -12,7 +12,16 @@ import {
 } from "effect"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
-import { caller, DISPATCH, EMPTY_SIGNATURE, EXEC, SECRET, STEP, SUBMIT_SIGNATURE } from "./support/kernelClientFixtures.js"
+import {
+  caller,
+  DISPATCH,
+  EMPTY_SIGNATURE,
+  EXEC,
+  EXECUTION_WIRE,
+  SECRET,
+  STEP,
+  SUBMIT_SIGNATURE
+} from "./support/kernelClientFixtures.js"
 import { type Answer, envelope, json, makeDouble, noContent, type Recorded } from "./support/httpDouble.js"
 
 
@@ -76,16 +85,7 @@ describe("KernelClient requests", () => {
   it.effect("getExecution: GET, signs the empty body, sends no body and no lease headers", () =>
     withClient(
       () =>
-        json(200, {
-          id: EXEC,
-          agent_id: "hello",
-          input: { query: "hi" },
-          status: "running",
-          failure_reason: null,
-          created_at: "2026-08-18T19:40:54.1Z",
-          updated_at: "2026-08-18T19:40:54.1Z",
-          unknown_member: 1
-        }),
+        json(200, { ...EXECUTION_WIRE, unknown_member: 1 }),
       (client, requests) =>
         Effect.gen(function*() {
           const execution = yield* client.getExecution({ agentId: "hello" }, EXEC)

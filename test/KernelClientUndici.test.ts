@@ -33,7 +33,16 @@ import * as Http from "node:http"
 import * as Net from "node:net"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
-import { caller, DISPATCH, EMPTY_SIGNATURE, EXEC, SECRET, STEP, SUBMIT_SIGNATURE } from "./support/kernelClientFixtures.js"
+import {
+  caller,
+  DISPATCH,
+  EMPTY_SIGNATURE,
+  EXEC,
+  EXECUTION_WIRE,
+  SECRET,
+  STEP,
+  SUBMIT_SIGNATURE
+} from "./support/kernelClientFixtures.js"
 import * as Signature from "../src/Signature.js"
 
 // ---------------------------------------------------------------------------
@@ -48,15 +57,7 @@ const submission: KernelClient.StepSubmission = {
 }
 const SUBMIT_BODY =
   "{\"kind\":\"tool_call\",\"target\":\"web_search\",\"args\":{\"query\":\"hello\"},\"idempotency\":\"safe_to_retry\"}"
-const EXECUTION = {
-  id: EXEC,
-  agent_id: "hello",
-  input: { query: "hi" },
-  status: "running",
-  failure_reason: null,
-  created_at: "2026-08-18T19:40:54.1Z",
-  updated_at: "2026-08-18T19:40:54.1Z"
-}
+const EXECUTION = EXECUTION_WIRE
 
 // ---------------------------------------------------------------------------
 // The server

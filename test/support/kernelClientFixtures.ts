@@ -17,3 +17,14 @@ export const EXEC = "0192f1a0-0000-7000-8000-000000000000"
 export const DISPATCH = "0192f1a0-0000-7000-8000-0000000000d1"
 export const STEP = "cd3f" + "0".repeat(56) + "5c29"
 export const caller: KernelClient.Caller = { agentId: "hello", lease: { dispatchId: DISPATCH, attempt: 1 } }
+
+/** The execution {@link EXEC} as the kernel answers `GET /v0/executions/{id}`. */
+export const EXECUTION_WIRE = {
+  id: EXEC,
+  agent_id: "hello",
+  input: { query: "hi" },
+  status: "running",
+  failure_reason: null,
+  created_at: "2026-08-18T19:40:54.1Z",
+  updated_at: "2026-08-18T19:40:54.1Z"
+}
