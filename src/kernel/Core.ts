@@ -770,6 +770,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
   }
 
   const renew = (d: DispatchState, now: number): void => {
+    // Renewed already at this instant: every later entry of its group was locked at `now` too.
+    if (d.lockedAtMs === now) return
     d.lockedAtMs = now
     const group = inFlight.get(d.leaseTimeoutMs)
     if (group !== undefined) {
