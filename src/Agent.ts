@@ -471,7 +471,7 @@ export const layer = <In, A, E, R>(
  * @example
  * ```ts
  * Agent.serve(researcher, { port: 5000 }).pipe(
- *   Layer.provide(KernelClient.layerConfig()), Layer.launch, NodeRuntime.runMain)
+ *   Layer.provide(KernelClient.layerUndiciConfig()), Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.1.0
