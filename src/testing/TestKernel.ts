@@ -638,6 +638,8 @@ export const make = <R = never>(
 
     /** Could anything be injected at this execution's calls (or is its run stalled)? */
     const planned = (executionId: string, key: string): boolean => {
+      // Most kits never plan anything: no lookups then.
+      if (crashPlans.size === 0 && lapsePlans.size === 0 && faultPlans.size === 0 && stalls.size === 0) return false
       const stall = stalls.get(key)
       if (stall !== undefined && !stall.released) return true
       const crash = crashPlans.get(executionId)

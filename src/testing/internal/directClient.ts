@@ -131,6 +131,10 @@ const mapFailure = <E>(f: (failure: Core.KernelFailure) => E) => (e: Core.Kernel
 const parseRaw = (raw: string): unknown => JSON.parse(raw)
 
 const toDecision = (d: Core.Decision): Protocol.StepDecision => {
+  // Most answers (`proceed`, `recorded`) are already in the client's shape.
+  if (d.resultRaw === undefined && d.errorRaw === undefined && d.approvalId === undefined && d.reason === undefined) {
+    return d
+  }
   const out: {
     decision: string
     stepId?: string
