@@ -25,6 +25,7 @@ import {
   ToolError
 } from "../RebunoError.js"
 import type { RunSignal } from "../RebunoError.js"
+import type { KernelClient } from "../KernelClient.js"
 import * as Codec from "./codec.js"
 import * as Tracing from "./tracing.js"
 import { stringifyStrict } from "./json.js"
@@ -137,13 +138,8 @@ export const submit = (
     argsJson: args.json,
     idempotency: submission.idempotency
   }
-  const direct = execution.kernel.unguarded
   return Effect.matchEffect(
-    direct === undefined
-      ? execution.kernel.submitStep(execution.caller, execution.executionId, stepSubmission)
-      : direct.isStopped()
-      ? Effect.fail(new LeaseSuperseded())
-      : direct.kernel.submitStep(execution.caller, execution.executionId, stepSubmission),
+    callKernel(execution, (kernel) => kernel.submitStep(execution.caller, execution.executionId, stepSubmission)),
     {
       onFailure: (e): Effect.Effect<never, StepError> =>
         e instanceof KernelError && isTransportFailure(e)
@@ -231,13 +227,18 @@ const settled = (
 const isAnswerSignal = (e: unknown): e is LeaseSuperseded | Terminated =>
   e instanceof LeaseSuperseded || e instanceof Terminated
 
-const completeCall = (execution: Execution.Service, stepId: string, resultJson: string) => {
+/**
+ * Call the kernel from the step path: through the run's unguarded client when it
+ * has one (refusing once the run has stopped; the caller records the signals the
+ * kernel answers), else through the guarded one.
+ */
+const callKernel = <A, E>(
+  execution: Execution.Service,
+  call: (kernel: Pick<KernelClient.Service, "submitStep" | "completeStep">) => Effect.Effect<A, E>
+): Effect.Effect<A, E | LeaseSuperseded> => {
   const direct = execution.kernel.unguarded
-  return direct === undefined
-    ? execution.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)
-    : direct.isStopped()
-    ? Effect.fail(new LeaseSuperseded())
-    : direct.kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)
+  if (direct === undefined) return call(execution.kernel)
+  return direct.isStopped() ? Effect.fail(new LeaseSuperseded()) : call(direct.kernel)
 }
 
 /**
@@ -254,16 +255,19 @@ export const complete = <A>(
   resultJson: string,
   value: A
 ): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-  Effect.matchEffect(completeCall(execution, stepId, resultJson), {
-    onFailure: (e): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-      e instanceof KernelError && isTransportFailure(e)
-        ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
-        : isAnswerSignal(e)
-        ? signal(execution, e)
-        : Effect.fail(e),
-    onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> =>
-      settled(execution, decision) ?? Effect.succeed(value)
-  })
+  Effect.matchEffect(
+    callKernel(execution, (kernel) => kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)),
+    {
+      onFailure: (e): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
+        e instanceof KernelError && isTransportFailure(e)
+          ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
+          : isAnswerSignal(e)
+          ? signal(execution, e)
+          : Effect.fail(e),
+      onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> =>
+        settled(execution, decision) ?? Effect.succeed(value)
+    }
+  )
 
 /**
  * `POST …/fail` with the error object. Error answers are swallowed (14.4),
@@ -380,27 +384,27 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
-    const idempotency = options.idempotency ?? "safe_to_retry"
-    return Effect.flatMap(
-      submit(execution, {
-        kind: options.kind,
-        target: options.target,
-        args: options.args === undefined ? {} : options.args,
-        idempotency
-      }),
-      (admission): Effect.Effect<A, StepError | F, R | RS | RF> => {
-        if (admission._tag === "Replay") return replay(options, admission)
-        const { stepId } = admission
-        return Effect.matchCauseEffect(
-          Effect.suspend(() => options.body({ stepId, kind: options.kind, target: options.target, idempotency })),
-          {
-            onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
-            onSuccess: (value) => record(execution, options, stepId, value)
-          }
-        )
-      }
-    )
-  }
+  const idempotency = options.idempotency ?? "safe_to_retry"
+  return Effect.flatMap(
+    submit(execution, {
+      kind: options.kind,
+      target: options.target,
+      args: options.args === undefined ? {} : options.args,
+      idempotency
+    }),
+    (admission): Effect.Effect<A, StepError | F, R | RS | RF> => {
+      if (admission._tag === "Replay") return replay(options, admission)
+      const { stepId } = admission
+      return Effect.matchCauseEffect(
+        Effect.suspend(() => options.body({ stepId, kind: options.kind, target: options.target, idempotency })),
+        {
+          onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
+          onSuccess: (value) => record(execution, options, stepId, value)
+        }
+      )
+    }
+  )
+}
 
 /** Encode a body's result and record it (or record why it cannot be). */
 const record = <A, E, R, I, RS, F, FI, RF>(
