@@ -182,6 +182,16 @@ export const make = (
   secret: string,
   interceptor: Interceptor
 ): KernelClient.Service => {
+  /** Run `effect` as the call recorded under `id`, then report its answer to the interceptor. */
+  const answered = <A>(
+    id: number,
+    effect: Effect.Effect<A, Core.KernelFailure>
+  ): Effect.Effect<A, Core.KernelFailure | KernelError> =>
+    Effect.flatMap(Effect.exit(effect), (exit) => {
+      const after = interceptor.after(id, answerOf(exit))
+      return after === undefined ? exit : Effect.zipRight(after, exit)
+    })
+
   /** A call with its hooks, on Effects all the way (the slow path, and every call but the step calls). */
   const around = <A>(
     info: CallInfo,
@@ -189,11 +199,7 @@ export const make = (
   ): Effect.Effect<A, Core.KernelFailure | KernelError> =>
     interceptor.track(Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const before = interceptor.before(info, now)
-      return Effect.flatMap(typeof before === "number" ? Effect.succeed(before) : before, (id) =>
-        Effect.flatMap(Effect.exit(effect), (exit) => {
-          const after = interceptor.after(id, answerOf(exit))
-          return after === undefined ? exit : Effect.zipRight(after, exit)
-        }))
+      return typeof before === "number" ? answered(before, effect) : Effect.flatMap(before, (id) => answered(id, effect))
     }))
 
   /**
@@ -212,21 +218,14 @@ export const make = (
       if (typeof before === "number") {
         const result = call(now)
         const after = interceptor.after(before, answerOfValue(result))
-        if (after === undefined) {
-          return result instanceof KernelFailureClass ? Effect.fail(onFailure(result)) : Effect.succeed(toDecision(result))
-        }
-        return interceptor.track(
-          Effect.zipRight(
-            after,
-            result instanceof KernelFailureClass ? Effect.fail(onFailure(result)) : Effect.succeed(toDecision(result))
-          )
-        )
+        const answer = result instanceof KernelFailureClass
+          ? Effect.fail(onFailure(result))
+          : Effect.succeed(toDecision(result))
+        return after === undefined ? answer : interceptor.track(Effect.zipRight(after, answer))
       }
-      return interceptor.track(Effect.flatMap(before, (id) =>
-        Effect.flatMap(Effect.exit(effect()), (exit) => {
-          const after = interceptor.after(id, answerOf(exit))
-          return after === undefined ? exit : Effect.zipRight(after, exit)
-        }))).pipe(Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision }))
+      return interceptor.track(Effect.flatMap(before, (id) => answered(id, effect()))).pipe(
+        Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision })
+      )
     })
 
   const info = (
