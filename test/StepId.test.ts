@@ -1,4 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
+import { createHash } from "node:crypto"
 import { readFileSync } from "node:fs"
 import * as StepId from "../src/StepId.js"
 
@@ -53,6 +54,19 @@ describe("StepId", () => {
       expect(StepId.make(fields)).toBe(v.step_id)
       expect(StepId.make({ ...fields, argsHash: StepId.argsHash(raw) })).toBe(v.step_id)
     })
+  })
+
+  it("remembered hashes are the computed ones: repeated, long, and after the memory is full", () => {
+    const direct = (raw: string) => createHash("sha256").update(StepId.canonicalJson(raw), "utf8").digest("hex")
+    const short = "{\"b\": 1, \"a\": [true, null]}"
+    const long = JSON.stringify({ text: "x".repeat(600) })
+    for (let i = 0; i < 3; i++) {
+      expect(StepId.argsHash(short)).toBe(direct(short))
+      expect(StepId.argsHash(long)).toBe(direct(long))
+    }
+    // More distinct texts than the memory holds, then the first ones again.
+    for (let i = 0; i < 5_000; i++) StepId.argsHash(`{"i":${i}}`)
+    for (const raw of [short, "{\"i\":0}", "{\"i\":4999}", "{}"]) expect(StepId.argsHash(raw)).toBe(direct(raw))
   })
 
   it("absent and explicit null args hash the same", () => {
