@@ -381,150 +381,150 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     })
   }
 
-    /** One exchange: build, send within the timeout, and split success (< 300) from error answers. */
-    const exchange = <A, E>(
-      method: "GET" | "POST",
-      path: string,
-      agentId: string,
-      lease: Lease | undefined,
-      body: Uint8Array | undefined,
-      onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
-      onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>
-    ): Effect.Effect<A, KernelError | E> =>
-      build(method, path, agentId, lease, body).pipe(
-        Effect.flatMap(transport),
-        Effect.flatMap((reply): Effect.Effect<A, KernelError | E> =>
-          reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
-        )
+  /** One exchange: build, send within the timeout, and split success (< 300) from error answers. */
+  const exchange = <A, E>(
+    method: "GET" | "POST",
+    path: string,
+    agentId: string,
+    lease: Lease | undefined,
+    body: Uint8Array | undefined,
+    onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
+    onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>
+  ): Effect.Effect<A, KernelError | E> =>
+    build(method, path, agentId, lease, body).pipe(
+      Effect.flatMap(transport),
+      Effect.flatMap((reply): Effect.Effect<A, KernelError | E> =>
+        reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
       )
+    )
 
-    const span = (name: string, executionId: string, stepId?: string) =>
-      Tracing.withSpan(`KernelClient.${name}`, {
-        kind: "client",
-        attributes: stepId === undefined
-          ? { "rebuno.execution_id": executionId }
-          : { "rebuno.execution_id": executionId, "rebuno.step_id": stepId }
-      })
+  const span = (name: string, executionId: string, stepId?: string) =>
+    Tracing.withSpan(`KernelClient.${name}`, {
+      kind: "client",
+      attributes: stepId === undefined
+        ? { "rebuno.execution_id": executionId }
+        : { "rebuno.execution_id": executionId, "rebuno.step_id": stepId }
+    })
 
-    const fail = <E>(f: (failure: Http.ApiFailure) => E) => (failure: Http.ApiFailure) => Effect.fail(f(failure))
-    const unit = () => Effect.void
-    /** Complete / fail execution: a `409 execution_terminal` means an earlier try (or a cancel) got there first. */
-    const outcomeFailure = (failure: Http.ApiFailure): Effect.Effect<void, KernelError | LeaseSuperseded> =>
-      failure.code === "execution_terminal" ? Effect.void : Effect.fail(leaseFailure(failure))
+  const fail = <E>(f: (failure: Http.ApiFailure) => E) => (failure: Http.ApiFailure) => Effect.fail(f(failure))
+  const unit = () => Effect.void
+  /** Complete / fail execution: a `409 execution_terminal` means an earlier try (or a cancel) got there first. */
+  const outcomeFailure = (failure: Http.ApiFailure): Effect.Effect<void, KernelError | LeaseSuperseded> =>
+    failure.code === "execution_terminal" ? Effect.void : Effect.fail(leaseFailure(failure))
 
-    // Ids are UUIDs and hex digests, which encoding leaves alone; anything else is
-    // percent-encoded so that every transport sends the same path.
-    const executionPath = (executionId: string) => "/v0/executions/" + encodeURIComponent(executionId)
-    const stepPath = (executionId: string, stepId: string) =>
-      executionPath(executionId) + "/steps/" + encodeURIComponent(stepId)
+  // Ids are UUIDs and hex digests, which encoding leaves alone; anything else is
+  // percent-encoded so that every transport sends the same path.
+  const executionPath = (executionId: string) => "/v0/executions/" + encodeURIComponent(executionId)
+  const stepPath = (executionId: string, stepId: string) =>
+    executionPath(executionId) + "/steps/" + encodeURIComponent(stepId)
 
-    /** Complete or fail a step: both are idempotent on the kernel, so both retry transport failures. */
-    const postStepOutcome = (
-      outcome: "complete" | "fail",
-      caller: Caller,
-      executionId: string,
-      stepId: string,
-      body: () => string
-    ) =>
+  /** Complete or fail a step: both are idempotent on the kernel, so both retry transport failures. */
+  const postStepOutcome = (
+    outcome: "complete" | "fail",
+    caller: Caller,
+    executionId: string,
+    stepId: string,
+    body: () => string
+  ) =>
+    Effect.suspend(() =>
+      exchange(
+        "POST",
+        stepPath(executionId, stepId) + "/" + outcome,
+        caller.agentId,
+        caller.lease,
+        encoder.encode(body()),
+        decodeDecision,
+        fail(stepFailure)
+      ).pipe(Http.retryTransport)
+    ).pipe(span(outcome === "complete" ? "completeStep" : "failStep", executionId, stepId))
+
+  const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
+    postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
+
+  const service: KernelClient.Service = {
+    secret,
+    getExecution: (caller, executionId) =>
+      exchange(
+        "GET",
+        executionPath(executionId),
+        caller.agentId,
+        undefined,
+        undefined,
+        decodeExecution,
+        fail(plainFailure)
+      ).pipe(Http.retryTransport, span("getExecution", executionId)),
+    submitStep: (caller, executionId, submission) =>
+      Effect.suspend(() => {
+        const body = encoder.encode(
+          "{\"kind\":" + JSON.stringify(submission.kind) +
+            ",\"target\":" + JSON.stringify(submission.target) +
+            ",\"args\":" + submission.argsJson +
+            ",\"idempotency\":" + JSON.stringify(submission.idempotency) + "}"
+        )
+        return exchange(
+          "POST",
+          executionPath(executionId) + "/steps",
+          caller.agentId,
+          caller.lease,
+          body,
+          decodeDecision,
+          fail(submitFailure)
+        )
+      }).pipe(span("submitStep", executionId)),
+    completeStep: (caller, executionId, stepId, resultJson) =>
+      postStepOutcome("complete", caller, executionId, stepId, () => "{\"result\":" + resultJson + "}"),
+    failStep: (caller, executionId, stepId, message) =>
+      failStepJson(caller, executionId, stepId, "{\"message\":" + JSON.stringify(message) + "}"),
+    failStepJson,
+    publishDelta: (caller, executionId, stepId, seq, data) =>
       Effect.suspend(() =>
         exchange(
           "POST",
-          stepPath(executionId, stepId) + "/" + outcome,
+          stepPath(executionId, stepId) + "/stream",
           caller.agentId,
           caller.lease,
-          encoder.encode(body()),
-          decodeDecision,
-          fail(stepFailure)
-        ).pipe(Http.retryTransport)
-      ).pipe(span(outcome === "complete" ? "completeStep" : "failStep", executionId, stepId))
-
-    const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
-      postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
-
-    const service: KernelClient.Service = {
-      secret,
-      getExecution: (caller, executionId) =>
-        exchange(
-          "GET",
-          executionPath(executionId),
-          caller.agentId,
-          undefined,
-          undefined,
-          decodeExecution,
+          encoder.encode("{\"seq\":" + seq + ",\"data\":" + JSON.stringify(data) + "}"),
+          unit,
           fail(plainFailure)
-        ).pipe(Http.retryTransport, span("getExecution", executionId)),
-      submitStep: (caller, executionId, submission) =>
-        Effect.suspend(() => {
-          const body = encoder.encode(
-            "{\"kind\":" + JSON.stringify(submission.kind) +
-              ",\"target\":" + JSON.stringify(submission.target) +
-              ",\"args\":" + submission.argsJson +
-              ",\"idempotency\":" + JSON.stringify(submission.idempotency) + "}"
-          )
-          return exchange(
-            "POST",
-            executionPath(executionId) + "/steps",
-            caller.agentId,
-            caller.lease,
-            body,
-            decodeDecision,
-            fail(submitFailure)
-          )
-        }).pipe(span("submitStep", executionId)),
-      completeStep: (caller, executionId, stepId, resultJson) =>
-        postStepOutcome("complete", caller, executionId, stepId, () => "{\"result\":" + resultJson + "}"),
-      failStep: (caller, executionId, stepId, message) =>
-        failStepJson(caller, executionId, stepId, "{\"message\":" + JSON.stringify(message) + "}"),
-      failStepJson,
-      publishDelta: (caller, executionId, stepId, seq, data) =>
-        Effect.suspend(() =>
-          exchange(
-            "POST",
-            stepPath(executionId, stepId) + "/stream",
-            caller.agentId,
-            caller.lease,
-            encoder.encode("{\"seq\":" + seq + ",\"data\":" + JSON.stringify(data) + "}"),
-            unit,
-            fail(plainFailure)
-          )
-        ).pipe(Effect.ignore, span("publishDelta", executionId, stepId)),
-      heartbeat: (caller, executionId) =>
+        )
+      ).pipe(Effect.ignore, span("publishDelta", executionId, stepId)),
+    heartbeat: (caller, executionId) =>
+      exchange(
+        "POST",
+        executionPath(executionId) + "/heartbeat",
+        caller.agentId,
+        caller.lease,
+        EMPTY,
+        unit,
+        fail(leaseFailure)
+      ).pipe(span("heartbeat", executionId)),
+    completeExecution: (caller, executionId, outputJson) =>
+      Effect.suspend(() =>
         exchange(
           "POST",
-          executionPath(executionId) + "/heartbeat",
+          executionPath(executionId) + "/complete",
           caller.agentId,
           caller.lease,
-          EMPTY,
+          encoder.encode(outputJson === undefined ? "{}" : "{\"output\":" + outputJson + "}"),
           unit,
-          fail(leaseFailure)
-        ).pipe(span("heartbeat", executionId)),
-      completeExecution: (caller, executionId, outputJson) =>
-        Effect.suspend(() =>
-          exchange(
-            "POST",
-            executionPath(executionId) + "/complete",
-            caller.agentId,
-            caller.lease,
-            encoder.encode(outputJson === undefined ? "{}" : "{\"output\":" + outputJson + "}"),
-            unit,
-            outcomeFailure
-          ).pipe(Http.retryTransport)
-        ).pipe(span("completeExecution", executionId)),
-      failExecution: (caller, executionId, reason) =>
-        Effect.suspend(() =>
-          exchange(
-            "POST",
-            executionPath(executionId) + "/fail",
-            caller.agentId,
-            caller.lease,
-            encoder.encode("{\"error\":" + JSON.stringify(reason) + "}"),
-            unit,
-            outcomeFailure
-          ).pipe(Http.retryTransport)
-        ).pipe(span("failExecution", executionId))
-    }
-    return service
+          outcomeFailure
+        ).pipe(Http.retryTransport)
+      ).pipe(span("completeExecution", executionId)),
+    failExecution: (caller, executionId, reason) =>
+      Effect.suspend(() =>
+        exchange(
+          "POST",
+          executionPath(executionId) + "/fail",
+          caller.agentId,
+          caller.lease,
+          encoder.encode("{\"error\":" + JSON.stringify(reason) + "}"),
+          unit,
+          outcomeFailure
+        ).pipe(Http.retryTransport)
+      ).pipe(span("failExecution", executionId))
   }
+  return service
+}
 
 /**
  * The HTTP kernel client as a Layer.

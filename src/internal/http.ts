@@ -106,19 +106,28 @@ export const send = (
 /** The constructor of Effect's live `Clock` (the default service). */
 const liveClockConstructor: unknown = Effect.runSync(Clock.clockWith((clock) => Effect.succeed(clock.constructor)))
 
-/**
- * Is this Effect's live clock (so that a plain timer measures the same time)?
- *
- * @internal
- */
-export const isLiveClock = (clock: Clock.Clock): boolean => clock.constructor === liveClockConstructor
+/** The longest delay `setTimeout` honours. */
+const MAX_TIMER_MILLIS = 2_147_483_647
 
 /**
- * The longest delay `setTimeout` honours.
+ * Apply a request timeout on Effect's clock. On the live clock (and a delay
+ * `setTimeout` honours) `onTimer` gets the delay in milliseconds and applies it
+ * with a plain timer; under any other clock (`TestClock`) it is
+ * `Effect.timeoutFail`, so virtual time drives it.
  *
  * @internal
  */
-export const MAX_TIMER_MILLIS = 2_147_483_647
+export const timeoutOnClock = <A>(
+  timeout: Duration.Duration,
+  self: Effect.Effect<A, KernelError>,
+  onTimer: (millis: number) => Effect.Effect<A, KernelError>
+): Effect.Effect<A, KernelError> =>
+  Effect.clockWith((clock) => {
+    const millis = Duration.toMillis(timeout)
+    return clock.constructor === liveClockConstructor && millis >= 0 && millis <= MAX_TIMER_MILLIS
+      ? onTimer(millis)
+      : Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
+  })
 
 /**
  * Fail with the timeout error unless `self` finishes within `timeout`.
@@ -126,16 +135,11 @@ export const MAX_TIMER_MILLIS = 2_147_483_647
  * `Effect.timeoutFail` races two forked fibers and merges the winner's fiber
  * refs back, which costs more than the rest of a keep-alive round trip to a
  * local kernel. On Effect's live clock this does the same with one forked fiber
- * and a plain timer; under any other clock (`TestClock`) it is
- * `Effect.timeoutFail`, so virtual time still drives it.
+ * and a plain timer (see {@link timeoutOnClock}).
  */
 const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.Duration): Effect.Effect<A, KernelError> =>
-  Effect.clockWith((clock) => {
-    const millis = Duration.toMillis(timeout)
-    if (!isLiveClock(clock) || !(millis >= 0 && millis <= MAX_TIMER_MILLIS)) {
-      return Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
-    }
-    return Effect.uninterruptibleMask((restore) =>
+  timeoutOnClock(timeout, self, (millis) =>
+    Effect.uninterruptibleMask((restore) =>
       Effect.flatMap(Effect.forkDaemon(restore(self)), (fiber) =>
         Effect.onInterrupt(
           restore(Effect.async<A, KernelError>((resume) => {
@@ -161,8 +165,7 @@ const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.D
           })),
           () => Fiber.interrupt(fiber)
         ))
-    )
-  })
+    ))
 
 /**
  * A decoded error answer (status ≥ 300), per PROTOCOL.md 13.3: the envelope's

@@ -23,7 +23,7 @@ import type { Context } from "effect"
 import { Duration, Effect } from "effect"
 import { KernelError } from "../RebunoError.js"
 import type { BaseUrl, Reply } from "./http.js"
-import { isLiveClock, MAX_TIMER_MILLIS, send, timeoutError } from "./http.js"
+import { send, timeoutError, timeoutOnClock } from "./http.js"
 
 /**
  * One request, fully built and signed: `path` is the route (`/v0/…`) relative
@@ -87,16 +87,12 @@ export const fromDispatcher = (
   timeout: Duration.Duration
 ): Send => {
   const origin = new URL(base.url).origin
-  const millis = Duration.toMillis(timeout)
-  const timerUsable = millis >= 0 && millis <= MAX_TIMER_MILLIS
   return (request) =>
-    Effect.clockWith((clock) => {
-      if (timerUsable && isLiveClock(clock)) return dispatch(dispatcher, origin, base.pathname, request, timeout)
-      return Effect.timeoutFail(dispatch(dispatcher, origin, base.pathname, request, undefined), {
-        duration: timeout,
-        onTimeout: () => timeoutError(timeout)
-      })
-    })
+    timeoutOnClock(
+      timeout,
+      dispatch(dispatcher, origin, base.pathname, request, undefined),
+      () => dispatch(dispatcher, origin, base.pathname, request, timeout)
+    )
 }
 
 const failure = (prefix: string, error: unknown): KernelError => {
