@@ -8,7 +8,8 @@
  * @since 0.1.0
  * @internal
  */
-import { Deferred, Effect, Fiber, Option, Ref } from "effect"
+import { Deferred, Effect, FiberId, Option, Ref } from "effect"
+import type { Fiber } from "effect"
 import type { Caller, KernelClient } from "../KernelClient.js"
 import type * as Protocol from "../Protocol.js"
 import { Abandoned, LeaseSuperseded, Terminated } from "../RebunoError.js"
@@ -119,7 +120,8 @@ export const makeRunState = (
       return Effect.asVoid(Deferred.succeed(stopped, undefined))
     })
     // Interrupting the run's fiber (not racing it against `stopped`) keeps a run to two fibers.
-    const stop = Effect.zipRight(close, Effect.suspend(() => fiber === undefined ? Effect.void : Fiber.interruptFork(fiber)))
+    const interruptRun = (): void => fiber?.unsafeInterruptAsFork(FiberId.none)
+    const stop = Effect.zipRight(close, Effect.sync(interruptRun))
     const raise = (s: RunSignal): Effect.Effect<void> =>
       Effect.zipRight(
         Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
@@ -128,7 +130,7 @@ export const makeRunState = (
     const client = scopedClient(kernel, () => isStopped, raise)
     const attach = (running: Fiber.RuntimeFiber<unknown, unknown>): void => {
       fiber = running
-      if (isStopped) Effect.runFork(Fiber.interruptFork(running))
+      if (isStopped) interruptRun()
     }
     return { executionId, caller, client, signal, stopped, raise, close, finishing, attach }
   })
