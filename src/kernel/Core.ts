@@ -890,12 +890,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         }),
         now
       )
-      emit(
-        ex,
-        "step.denied",
-        Payload.stepPayload(step.stepId, step.kind, step.target, { error: cancelledError, omitEmptyTarget: true }),
-        now
-      )
+      emitStep(ex, "step.denied", now, step.stepId, step.kind, step.target, { error: cancelledError, omitEmptyTarget: true })
       settleApproval(approval, { status: "expired", decidedAtMs: now, rationale: "execution_cancelled" })
       ex.steps.set(step.stepId, stepWith(step, "denied", step.resultRaw, cancelledError, step.startedAtMs, now))
     }
@@ -1032,12 +1027,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
             step.stepId,
             stepWith(step, "failed", step.resultRaw, Payload.indeterminateError, step.startedAtMs, now)
           )
-          emit(
-            ex,
-            "step.failed",
-            Payload.stepPayload(step.stepId, step.kind, step.target, { error: Payload.indeterminateError }),
-            now
-          )
+          emitStep(ex, "step.failed", now, step.stepId, step.kind, step.target, { error: Payload.indeterminateError })
           ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
           return { decision: "replay", stepId: step.stepId, errorRaw: Payload.indeterminateError }
         }
@@ -1144,12 +1134,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         const error = Payload.denialError(result.reason || "policy_denied", result.ruleId)
         ex.steps.set(stepId, step("denied", error, undefined, now))
         emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
-        emit(
-          ex,
-          "step.denied",
-          Payload.stepPayload(stepId, s.kind, s.target, { error, ruleId: result.ruleId, omitEmptyTarget: true }),
-          now
-        )
+        emitStep(ex, "step.denied", now, stepId, s.kind, s.target, { error, ruleId: result.ruleId, omitEmptyTarget: true })
         decision = result.reason === ""
           ? withStepId("denied", stepId)
           : { decision: "denied", stepId, reason: result.reason }
@@ -1176,12 +1161,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         pendingApprovalByStep.set(stepId, approval.id)
         ex.approvals.push(approval.id)
         emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
-        emit(
-          ex,
-          "step.awaiting_approval",
-          Payload.stepPayload(stepId, s.kind, s.target, { ruleId: result.ruleId }),
-          now
-        )
+        emitStep(ex, "step.awaiting_approval", now, stepId, s.kind, s.target, { ruleId: result.ruleId })
         emit(ex, "approval.requested", Payload.approvalPayload(approval.id, executionId, stepId, "pending"), now)
         emit(ex, "execution.blocked", Payload.executionPayload(executionId, "blocked"), now)
         setStatus(ex, "blocked", now)
