@@ -4,29 +4,16 @@
  * one (e.g. `rebuno dev --listen-addr 127.0.0.1:8181`; the test registers its
  * own agent through the admin API).
  */
-import { HttpServer } from "@effect/platform"
-import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer, Schedule } from "effect"
-import { Agent, Client, KernelClient, StepId } from "effect-rebuno"
+import { Client, StepId } from "effect-rebuno"
 import * as Kernel from "effect-rebuno/kernel"
-import { createServer } from "node:http"
 import { hello } from "../../examples/hello.js"
+import { serveAgent } from "../support/serveAgent.js"
 
 /** Serve `hello` on a free loopback port against `kernelUrl`; returns the webhook URL. */
-const serveHello = (kernelUrl: string, secret: string) =>
-  Effect.gen(function*() {
-    const context = yield* Layer.build(
-      Agent.layer(hello).pipe(
-        Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port: 0, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layer({ baseUrl: kernelUrl, secret })),
-        Layer.provide(NodeHttpClient.layerUndici)
-      )
-    )
-    const address = Context.get(context, HttpServer.HttpServer).address
-    if (address._tag !== "TcpAddress") return yield* Effect.dieMessage("expected a TCP address")
-    return `http://127.0.0.1:${address.port}/webhook`
-  })
+const serveHello = (kernelUrl: string, secret: string) => serveAgent(hello, kernelUrl, secret)
 
 const clientFor = (baseUrl: string) =>
   Effect.map(

@@ -5,14 +5,13 @@
  * and denied; paginated listing; `follow` until terminal; live deltas over SSE;
  * agents admin and policy bundles. Real time, kept short.
  */
-import { HttpServer } from "@effect/platform"
-import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
+import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Context, Duration, Effect, Fiber, Layer, Schema, Stream } from "effect"
 import { Agent, Client, KernelClient, Tool } from "effect-rebuno"
 import type { KernelError, Protocol } from "effect-rebuno"
 import * as Kernel from "effect-rebuno/kernel"
-import { createServer } from "node:http"
+import { serveAgent } from "../support/serveAgent.js"
 import { types, yaml } from "./_harness.js"
 
 const secret = "governance-secret"
@@ -31,20 +30,6 @@ const kernelClientFor = (baseUrl: string) =>
     Context.get(KernelClient.KernelClient)
   )
 
-/** Serve an agent's webhook on a free local port; returns its URL. */
-const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: string) =>
-  Effect.gen(function*() {
-    const context = yield* Layer.build(
-      Agent.layer(agent).pipe(
-        Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port: 0, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layer({ baseUrl: kernelUrl, secret })),
-        Layer.provide(NodeHttpClient.layerUndici)
-      )
-    )
-    const address = Context.get(context, HttpServer.HttpServer).address
-    if (address._tag !== "TcpAddress") return yield* Effect.dieMessage("expected a TCP address")
-    return `http://127.0.0.1:${address.port}/webhook`
-  })
 
 /** Poll (real time) until the execution has this status. */
 const awaitStatus = (client: Client.Client.Service, id: string, status: string) =>
@@ -94,7 +79,7 @@ const setupShipper = Effect.gen(function*() {
   const kernel = yield* Kernel.start({ port: 0 })
   const client = yield* clientFor(kernel.url)
   const shipper = makeShipper()
-  const webhookUrl = yield* serveAgent(shipper.agent, kernel.url)
+  const webhookUrl = yield* serveAgent(shipper.agent, kernel.url, secret)
   yield* client.registerAgent({ id: "shipper", webhookUrl, secret })
   yield* client.loadPolicy("shipper", gate)
   return { kernel, client, shipper }
