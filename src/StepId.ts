@@ -51,30 +51,15 @@ export const canonicalJson = (raw: string | undefined): string =>
 /**
  * Lowercase hex SHA-256 of the UTF-8 bytes of {@link canonicalJson}.
  *
- * The same arguments come back all the time (every replay re-submits them, and
- * `Step.now`, `Step.random` and `Step.uuid` always submit `{}`), so the hashes of
- * texts up to 512 characters are remembered: at most 4,096 of them, all
- * forgotten at once when full.
- *
  * @since 0.1.0
  * @category hashing
  */
-export const argsHash = (raw: string | undefined): string => {
-  if (raw === undefined || raw.length > ARGS_HASH_CACHE_MAX_TEXT) return sha256Hex(canonicalJson(raw))
-  let hashed = argsHashes.get(raw)
-  if (hashed === undefined) {
-    hashed = sha256Hex(canonicalJson(raw))
-    if (argsHashes.size >= ARGS_HASH_CACHE_SIZE) argsHashes.clear()
-    argsHashes.set(raw, hashed)
-  }
-  return hashed
-}
+export const argsHash = (raw: string | undefined): string =>
+  raw === EMPTY_OBJECT ? EMPTY_OBJECT_HASH : sha256Hex(canonicalJson(raw))
 
-/** How many argument hashes {@link argsHash} remembers. */
-const ARGS_HASH_CACHE_SIZE = 4096
-/** The longest argument text (in UTF-16 units) whose hash is remembered. */
-const ARGS_HASH_CACHE_MAX_TEXT = 512
-const argsHashes = new Map<string, string>()
+/** `Step.now`, `Step.random` and `Step.uuid` submit `{}`: its hash is computed once. */
+const EMPTY_OBJECT = "{}"
+const EMPTY_OBJECT_HASH = sha256Hex(EMPTY_OBJECT)
 
 /**
  * The length-prefixed string hashed into a step id: for each of execution id,

@@ -56,17 +56,10 @@ describe("StepId", () => {
     })
   })
 
-  it("remembered hashes are the computed ones: repeated, long, and after the memory is full", () => {
+  it("the hash of {} (computed once) is the computed one", () => {
     const direct = (raw: string) => createHash("sha256").update(StepId.canonicalJson(raw), "utf8").digest("hex")
-    const short = "{\"b\": 1, \"a\": [true, null]}"
-    const long = JSON.stringify({ text: "x".repeat(600) })
-    for (let i = 0; i < 3; i++) {
-      expect(StepId.argsHash(short)).toBe(direct(short))
-      expect(StepId.argsHash(long)).toBe(direct(long))
-    }
-    // More distinct texts than the memory holds, then the first ones again.
-    for (let i = 0; i < 5_000; i++) StepId.argsHash(`{"i":${i}}`)
-    for (const raw of [short, "{\"i\":0}", "{\"i\":4999}", "{}"]) expect(StepId.argsHash(raw)).toBe(direct(raw))
+    expect(StepId.argsHash("{}")).toBe(direct("{}"))
+    expect(StepId.argsHash("{ }")).toBe(direct("{}"))
   })
 
   it("absent and explicit null args hash the same", () => {

@@ -19,6 +19,9 @@ import { formatTimestamp } from "../internal/time.js"
 import * as StepId from "../StepId.js"
 import * as Policy from "./Policy.js"
 import * as RateLimiter from "./RateLimiter.js"
+import { Counters } from "./internal/counters.js"
+import { EventLog } from "./internal/eventLog.js"
+import { flat } from "./internal/flat.js"
 import * as Heap from "./internal/heap.js"
 import { goQuote } from "./internal/goQuote.js"
 import * as Payload from "./internal/payloads.js"
@@ -460,8 +463,13 @@ interface DispatchState {
   lockedAtMs: number | undefined
   /** The lease timeout group the dispatch is in while `in_flight`. */
   leaseTimeoutMs: number
-  /** Occurrence counters: key → last consumed occurrence (8.4). */
-  readonly counters: Map<string, number>
+  /** Occurrence counters (8.4). */
+  readonly counters: Counters
+  /**
+   * Where the dispatch's next submission is expected in the execution's step
+   * order: a run that replays submits its recorded steps again, in order.
+   */
+  cursor: number
   /** Bumped whenever the dispatch is (re)scheduled or leaves the claimable set. */
   version: number
 }
@@ -475,8 +483,10 @@ interface DueEntry {
 
 interface ExecState {
   record: ExecutionRecord
-  readonly events: Array<EventRecord>
-  readonly steps: Map<string, StepRecord>
+  readonly events: EventLog
+  readonly steps: Map<string, StepState>
+  /** The steps in the order they were first submitted. */
+  readonly order: Array<StepState>
   readonly dispatches: Array<DispatchState>
   /** Approval ids, oldest first. */
   readonly approvals: Array<string>
@@ -490,85 +500,63 @@ const isTerminalExecution = (status: ExecutionStatus): boolean =>
 const isTerminalStep = (status: StepStatus): boolean =>
   status === "succeeded" || status === "failed" || status === "denied" || status === "cancelled"
 
-/** A new step record. Records are built as literals: object spreads are slow on the hot path. */
-const freshStep = (
-  stepId: string,
-  executionId: string,
-  kind: string,
-  target: string,
-  argsHash: string,
-  occurrence: number,
-  idempotency: string,
-  argsRaw: string | undefined,
-  status: StepStatus,
-  errorRaw: string | undefined,
-  startedAtMs: number | undefined,
-  completedAtMs: number | undefined
-): StepRecord => ({
-  stepId,
-  executionId,
-  kind,
-  target,
-  argsHash,
-  occurrence,
-  status,
-  idempotency,
-  argsRaw,
-  resultRaw: undefined,
-  errorRaw,
-  startedAtMs,
-  completedAtMs
-})
-
-/** A copy of `s` with a new status and outcome. */
-const stepWith = (
-  s: StepRecord,
-  status: StepStatus,
-  resultRaw: string | undefined,
-  errorRaw: string | undefined,
-  startedAtMs: number | undefined,
-  completedAtMs: number | undefined
-): StepRecord => ({
-  stepId: s.stepId,
-  executionId: s.executionId,
-  kind: s.kind,
-  target: s.target,
-  argsHash: s.argsHash,
-  occurrence: s.occurrence,
-  status,
-  idempotency: s.idempotency,
-  argsRaw: s.argsRaw,
-  resultRaw,
-  errorRaw,
-  startedAtMs,
-  completedAtMs
-})
-
 /**
- * Strings built with `+` are rope (cons) strings in V8; reading a character
- * flattens them. Flattening the strings the core keeps (event payloads, stored
- * JSON, counter keys) roughly halves the memory per step and the GC work.
+ * A step as the core keeps it: one object for the step's whole life, updated in
+ * place. Readers get {@link StepState.snapshot}s, which do not change.
  */
-const flat = (s: string): string => {
-  s.charCodeAt(0)
-  return s
-}
-
-/** A step event whose payload is rendered on first read. */
-class StepEvent implements EventRecord {
-  #payload: string | undefined
+class StepState {
   constructor(
+    readonly stepId: string,
     readonly executionId: string,
-    readonly seq: number,
-    readonly type: string,
-    readonly occurredAtMs: number,
-    private readonly stepId: string,
-    private readonly kind: string,
-    private readonly target: string,
-    private readonly options: Payload.StepPayloadOptions | undefined
+    readonly kind: string,
+    readonly target: string,
+    readonly argsHash: string,
+    readonly occurrence: number,
+    readonly idempotency: string,
+    /** Stored compacted (2.8). */
+    readonly argsRaw: string | undefined,
+    /** The text as first submitted (the same string when already compact). */
+    readonly submittedArgsRaw: string | undefined,
+    /** Index in the execution's step order. */
+    readonly position: number,
+    public status: StepStatus,
+    public errorRaw: string | undefined,
+    public startedAtMs: number | undefined,
+    public completedAtMs: number | undefined
   ) {}
-  get payload(): string {
-    return this.#payload ??= flat(Payload.stepPayload(this.stepId, this.kind, this.target, this.options))
+  resultRaw: string | undefined = undefined
+
+  /** A new status and outcome. */
+  set(
+    status: StepStatus,
+    resultRaw: string | undefined,
+    errorRaw: string | undefined,
+    startedAtMs: number | undefined,
+    completedAtMs: number | undefined
+  ): void {
+    this.status = status
+    this.resultRaw = resultRaw
+    this.errorRaw = errorRaw
+    this.startedAtMs = startedAtMs
+    this.completedAtMs = completedAtMs
+  }
+
+  snapshot(): StepRecord {
+    return {
+      stepId: this.stepId,
+      executionId: this.executionId,
+      kind: this.kind,
+      target: this.target,
+      argsHash: this.argsHash,
+      occurrence: this.occurrence,
+      status: this.status,
+      idempotency: this.idempotency,
+      argsRaw: this.argsRaw,
+      resultRaw: this.resultRaw,
+      errorRaw: this.errorRaw,
+      startedAtMs: this.startedAtMs,
+      completedAtMs: this.completedAtMs
+    }
   }
 }
 
@@ -733,7 +721,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
   // -- events ---------------------------------------------------------------
 
   const emit = (ex: ExecState, type: string, payload: string, now: number): void => {
-    ex.events.push({ executionId: ex.record.id, seq: ex.events.length + 1, type, payload: flat(payload), occurredAtMs: now })
+    ex.events.push(type, payload, now)
   }
 
   /** A step event: its payload is rendered when first read (most are never read). */
@@ -741,12 +729,10 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     ex: ExecState,
     type: string,
     now: number,
-    stepId: string,
-    kind: string,
-    target: string,
+    step: StepState,
     options?: Payload.StepPayloadOptions
   ): void => {
-    ex.events.push(new StepEvent(ex.record.id, ex.events.length + 1, type, now, stepId, kind, target, options))
+    ex.events.pushStep(type, now, step, options)
   }
 
   // -- dispatches -----------------------------------------------------------
@@ -796,7 +782,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       nextAttemptAtMs: now,
       lockedAtMs: undefined,
       leaseTimeoutMs: settings.leaseTimeoutMs,
-      counters: new Map(),
+      counters: new Counters(),
+      cursor: 0,
       version: 0
     }
     dispatchesById.set(d.id, d)
@@ -812,7 +799,10 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     d.lockedAtMs = undefined
     d.version++
     // A v0.14.0 kernel keeps counting on a retired dispatch (17.A); keep its counters there.
-    if (!compatMode()) d.counters.clear()
+    if (!compatMode()) {
+      d.counters.clear()
+      d.cursor = 0
+    }
   }
 
   const release = (ex: ExecState): void => {
@@ -890,14 +880,14 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         }),
         now
       )
-      emitStep(ex, "step.denied", now, step.stepId, step.kind, step.target, { error: cancelledError, omitEmptyTarget: true })
+      emitStep(ex, "step.denied", now, step, { error: cancelledError, omitEmptyTarget: true })
       settleApproval(approval, { status: "expired", decidedAtMs: now, rationale: "execution_cancelled" })
-      ex.steps.set(step.stepId, stepWith(step, "denied", step.resultRaw, cancelledError, step.startedAtMs, now))
+      step.set("denied", step.resultRaw, cancelledError, step.startedAtMs, now)
     }
     for (const step of ex.steps.values()) {
       if (step.status !== "executing") continue
-      emitStep(ex, "step.cancelled", now, step.stepId, step.kind, step.target, { error: cancelledError })
-      ex.steps.set(step.stepId, stepWith(step, "cancelled", step.resultRaw, cancelledError, step.startedAtMs, now))
+      emitStep(ex, "step.cancelled", now, step, { error: cancelledError })
+      step.set("cancelled", step.resultRaw, cancelledError, step.startedAtMs, now)
     }
   }
 
@@ -940,12 +930,12 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       }),
       now
     )
-    emitStep(ex, "step.denied", now, step.stepId, step.kind, step.target, { error, omitEmptyTarget: true })
+    emitStep(ex, "step.denied", now, step, { error, omitEmptyTarget: true })
     settleApproval(
       approval,
       status === "denied" ? { status, decidedAtMs: now, rationale, decidedBy } : { status, decidedAtMs: now, rationale }
     )
-    ex.steps.set(step.stepId, stepWith(step, "denied", step.resultRaw, error, step.startedAtMs, now))
+    step.set("denied", step.resultRaw, error, step.startedAtMs, now)
     resume(ex, now)
   }
 
@@ -989,9 +979,9 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       }),
       now
     )
-    emitStep(ex, "step.allowed", now, step.stepId, step.kind, step.target)
+    emitStep(ex, "step.allowed", now, step)
     settleApproval(approval, { status: "granted", decidedAtMs: now, rationale: d.rationale, decidedBy: d.decidedBy })
-    ex.steps.set(step.stepId, stepWith(step, "allowed", step.resultRaw, step.errorRaw, step.startedAtMs, step.completedAtMs))
+    step.set("allowed", step.resultRaw, step.errorRaw, step.startedAtMs, step.completedAtMs)
     resume(ex, now)
   }
 
@@ -999,8 +989,15 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
 
   const withStepId = (decision: DecisionValue, stepId: string): Decision => ({ decision, stepId })
 
+  /** Record a new step, next in the execution's order. */
+  const addStep = (ex: ExecState, d: DispatchState, step: StepState): void => {
+    ex.steps.set(step.stepId, step)
+    ex.order.push(step)
+    d.cursor = ex.order.length
+  }
+
   /** 7.4: answer for an existing step. */
-  const replayExisting = (ex: ExecState, step: StepRecord, idempotency: string, now: number): Decision => {
+  const replayExisting = (ex: ExecState, step: StepState, idempotency: string, now: number): Decision => {
     switch (step.status) {
       case "succeeded":
         return step.resultRaw === undefined
@@ -1018,16 +1015,13 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       }
       case "allowed":
       case "proposed":
-        ex.steps.set(step.stepId, stepWith(step, "executing", step.resultRaw, step.errorRaw, now, step.completedAtMs))
-        emitStep(ex, "step.executing", now, step.stepId, step.kind, step.target)
+        step.set("executing", step.resultRaw, step.errorRaw, now, step.completedAtMs)
+        emitStep(ex, "step.executing", now, step)
         return withStepId("proceed", step.stepId)
       case "executing":
         if (idempotency === "at_most_once") {
-          ex.steps.set(
-            step.stepId,
-            stepWith(step, "failed", step.resultRaw, Payload.indeterminateError, step.startedAtMs, now)
-          )
-          emitStep(ex, "step.failed", now, step.stepId, step.kind, step.target, { error: Payload.indeterminateError })
+          step.set("failed", step.resultRaw, Payload.indeterminateError, step.startedAtMs, now)
+          emitStep(ex, "step.failed", now, step, { error: Payload.indeterminateError })
           ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
           return { decision: "replay", stepId: step.stepId, errorRaw: Payload.indeterminateError }
         }
@@ -1061,22 +1055,30 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       if (d === undefined) return leaseSuperseded()
     }
 
-    const argsHash = StepId.argsHash(s.argsRaw)
-    const key = counterKey(s.kind, s.target, argsHash)
-    const last = d.counters.get(key)
-    const occurrence = last === undefined ? 0 : last + 1
-    const stepId = StepId.make({ executionId, kind: s.kind, target: s.target, argsHash, occurrence })
+    // A run that replays submits its recorded steps again, in order: when this
+    // submission is the expected step's text again, that step's hash (and, at the
+    // same occurrence, its id) is this one's, and nothing needs hashing.
+    const expected = ex.order[d.cursor]
+    const same = expected !== undefined && expected.submittedArgsRaw === s.argsRaw && expected.kind === s.kind &&
+      expected.target === s.target
+    const argsHash = same ? expected.argsHash : StepId.argsHash(s.argsRaw)
+    const counter = d.counters.counter(s.kind, s.target, argsHash)
+    const occurrence = counter.last + 1
+    const stepId = same && expected.occurrence === occurrence
+      ? expected.stepId
+      : StepId.make({ executionId, kind: s.kind, target: s.target, argsHash, occurrence })
 
-    const existing = ex.steps.get(stepId)
+    const existing = same && expected.stepId === stepId ? expected : ex.steps.get(stepId)
     if (existing !== undefined) {
       const decision = replayExisting(ex, existing, idempotency, now)
-      d.counters.set(key, occurrence)
+      counter.last = occurrence
+      d.cursor = existing.position + 1
       return decision
     }
     if (ex.record.status === "blocked") return EXECUTION_BLOCKED
 
     let result: Policy.PolicyResult
-    if (idempotency === "at_most_once" && ex.indeterminate?.has(key) === true) {
+    if (idempotency === "at_most_once" && ex.indeterminate?.has(counterKey(s.kind, s.target, argsHash)) === true) {
       result = indeterminateRetry
     } else {
       const agent = agents.get(ex.record.agentId)
@@ -1100,41 +1102,39 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     }
 
     const argsRaw = compactRaw(s.argsRaw)
-    const step = (
-      status: StepStatus,
-      errorRaw: string | undefined,
-      startedAtMs: number | undefined,
-      completedAtMs: number | undefined
-    ): StepRecord =>
-      freshStep(
-        stepId,
-        executionId,
-        s.kind,
-        s.target,
-        argsHash,
-        occurrence,
-        idempotency,
-        argsRaw,
-        status,
-        errorRaw,
-        startedAtMs,
-        completedAtMs
-      )
+    const created = new StepState(
+      stepId,
+      executionId,
+      s.kind,
+      s.target,
+      argsHash,
+      occurrence,
+      idempotency,
+      argsRaw,
+      s.argsRaw,
+      ex.order.length,
+      "proposed",
+      undefined,
+      undefined,
+      undefined
+    )
     let decision: Decision
     switch (result.decision) {
       case "allow": {
-        ex.steps.set(stepId, step("executing", undefined, now, undefined))
-        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
-        emitStep(ex, "step.allowed", now, stepId, s.kind, s.target, { ruleId: result.ruleId })
-        emitStep(ex, "step.executing", now, stepId, s.kind, s.target)
+        created.set("executing", undefined, undefined, now, undefined)
+        addStep(ex, d, created)
+        emitStep(ex, "step.proposed", now, created)
+        emitStep(ex, "step.allowed", now, created, { ruleId: result.ruleId })
+        emitStep(ex, "step.executing", now, created)
         decision = withStepId("proceed", stepId)
         break
       }
       case "deny": {
         const error = Payload.denialError(result.reason || "policy_denied", result.ruleId)
-        ex.steps.set(stepId, step("denied", error, undefined, now))
-        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
-        emitStep(ex, "step.denied", now, stepId, s.kind, s.target, { error, ruleId: result.ruleId, omitEmptyTarget: true })
+        created.set("denied", undefined, error, undefined, now)
+        addStep(ex, d, created)
+        emitStep(ex, "step.proposed", now, created)
+        emitStep(ex, "step.denied", now, created, { error, ruleId: result.ruleId, omitEmptyTarget: true })
         decision = result.reason === ""
           ? withStepId("denied", stepId)
           : { decision: "denied", stepId, reason: result.reason }
@@ -1155,13 +1155,14 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
           rationale: "",
           createdAtMs: now
         }
-        ex.steps.set(stepId, step("awaiting_approval", undefined, undefined, undefined))
+        created.set("awaiting_approval", undefined, undefined, undefined, undefined)
+        addStep(ex, d, created)
         approvals.set(approval.id, approval)
         pendingApprovals.add(approval.id)
         pendingApprovalByStep.set(stepId, approval.id)
         ex.approvals.push(approval.id)
-        emitStep(ex, "step.proposed", now, stepId, s.kind, s.target)
-        emitStep(ex, "step.awaiting_approval", now, stepId, s.kind, s.target, { ruleId: result.ruleId })
+        emitStep(ex, "step.proposed", now, created)
+        emitStep(ex, "step.awaiting_approval", now, created, { ruleId: result.ruleId })
         emit(ex, "approval.requested", Payload.approvalPayload(approval.id, executionId, stepId, "pending"), now)
         emit(ex, "execution.blocked", Payload.executionPayload(executionId, "blocked"), now)
         setStatus(ex, "blocked", now)
@@ -1176,7 +1177,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
           message: "unknown policy decision: " + result.decision
         })
     }
-    d.counters.set(key, occurrence)
+    counter.last = occurrence
     return decision
   }
 
@@ -1195,11 +1196,11 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     if (!compatMode() && !checkLease(executionId, lease)) return leaseSuperseded()
     const value = compactRaw(raw)
     if (outcome === "succeeded") {
-      ex.steps.set(stepId, stepWith(step, "succeeded", value, step.errorRaw, step.startedAtMs, now))
-      emitStep(ex, "step.succeeded", now, stepId, step.kind, step.target)
+      step.set("succeeded", value, step.errorRaw, step.startedAtMs, now)
+      emitStep(ex, "step.succeeded", now, step)
     } else {
-      ex.steps.set(stepId, stepWith(step, "failed", step.resultRaw, value, step.startedAtMs, now))
-      emitStep(ex, "step.failed", now, stepId, step.kind, step.target, { error: value })
+      step.set("failed", step.resultRaw, value, step.startedAtMs, now)
+      emitStep(ex, "step.failed", now, step, { error: value })
       if (isIndeterminateError(value)) {
         ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
       }
@@ -1257,6 +1258,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       const ex = executions.get(d.executionId)
       const agent = ex === undefined ? undefined : agents.get(ex.record.agentId)
       d.counters.clear()
+      d.cursor = 0
       d.attempt += 1
       d.status = "in_flight"
       d.lockedAtMs = now
@@ -1392,8 +1394,9 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
             updatedAtMs: now,
             deadlineAtMs
           },
-          events: [],
+          events: new EventLog(id),
           steps: new Map(),
+          order: [],
           dispatches: [],
           approvals: [],
           indeterminate: undefined
@@ -1443,19 +1446,19 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         const from = Number.isFinite(afterSeq) && afterSeq > 0 ? Math.floor(afterSeq) : 0
         return ex.events.slice(from, from + clampLimit(limit, 100, 1000))
       }),
-    eventLog: (id) => Effect.sync(() => executions.get(id)?.events.slice() ?? []),
+    eventLog: (id) => Effect.sync(() => executions.get(id)?.events.slice(0) ?? []),
     listSteps: (id, terminalOnly) =>
       Effect.sync(() => {
         const ex = executions.get(id)
         if (ex === undefined) return []
         const steps: Array<StepRecord> = []
         for (const step of ex.steps.values()) {
-          if (!terminalOnly || isTerminalStep(step.status)) steps.push(step)
+          if (!terminalOnly || isTerminalStep(step.status)) steps.push(step.snapshot())
         }
         return steps.sort((a, b) => (a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0))
       }),
-    getStep: (id, stepId) => read(() => executions.get(id)?.steps.get(stepId) ?? notFound()),
-    unsafeGetStep: (id, stepId) => executions.get(id)?.steps.get(stepId),
+    getStep: (id, stepId) => read(() => executions.get(id)?.steps.get(stepId)?.snapshot() ?? notFound()),
+    unsafeGetStep: (id, stepId) => executions.get(id)?.steps.get(stepId)?.snapshot(),
 
     listApprovals: () =>
       Effect.sync(() => {

@@ -1,7 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Chunk, Effect, Fiber, Queue, TestClock } from "effect"
+import * as fc from "fast-check"
 import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
+import * as StepId from "../../src/StepId.js"
 
 const stepIds = JSON.parse(
   readFileSync(new URL("../../../shared/fixtures/step-ids.json", import.meta.url), "utf8")
@@ -310,6 +312,52 @@ describe("Core", () => {
         expect(c.decision).toBe("proceed")
         expect((yield* core.getStep(execution.id, c.stepId!)).occurrence).toBe(2)
       }))
+
+    it("every attempt's step ids are those derived from scratch, however its submissions differ from the last", () => {
+      // The core skips hashing when a submission repeats the step recorded at the
+      // same place in the execution; the model below derives every id from scratch.
+      const submission = fc.record({
+        kind: fc.constantFrom("tool_call", "local"),
+        target: fc.constantFrom("a", "b"),
+        args: fc.constantFrom<string | null>("{\"x\":1}", "{ \"x\" : 1 }", "{\"x\":2}", "null", null, "{oops")
+      })
+      const attempts = fc.array(fc.array(submission, { maxLength: 8 }), { minLength: 1, maxLength: 4 })
+      fc.assert(
+        fc.property(attempts, (runs) =>
+          Effect.runSync(Effect.gen(function*() {
+            const core = yield* setup()
+            const { execution, lease: first } = yield* start(core)
+            const recorded = new Set<string>()
+            let lease = first
+            for (const [attempt, run] of runs.entries()) {
+              if (attempt > 0) lease = (yield* redeliver(core, execution.id)).lease
+              const counts = new Map<string, number>()
+              for (const s of run) {
+                const argsHash = StepId.argsHash(s.args ?? undefined)
+                const key = `${s.kind}/${s.target}/${argsHash}`
+                const occurrence = counts.get(key) ?? 0
+                counts.set(key, occurrence + 1)
+                const stepId = StepId.make({ executionId: execution.id, kind: s.kind, target: s.target, argsHash, occurrence })
+                const decision = yield* core.submitStep(execution.id, lease, {
+                  kind: s.kind,
+                  target: s.target,
+                  argsRaw: s.args ?? undefined,
+                  idempotency: ""
+                })
+                expect(decision.stepId).toBe(stepId)
+                expect(decision.decision).toBe(recorded.has(stepId) ? "replay" : "proceed")
+                if (!recorded.has(stepId)) {
+                  yield* core.completeStep(execution.id, stepId, lease, `"${attempt}"`)
+                  recorded.add(stepId)
+                }
+              }
+            }
+            expect((yield* core.listSteps(execution.id, false)).length).toBe(recorded.size)
+          }))
+        ),
+        { numRuns: 300 }
+      )
+    })
 
     it.effect("step ids match the fixture vectors", () =>
       Effect.gen(function*() {

@@ -1,0 +1,90 @@
+/**
+ * An execution's event log (PROTOCOL 12), stored column by column: per event
+ * its type, its time and either its payload text or the step it is about. A
+ * step event's payload is rendered from the step (id, kind, target never
+ * change) and its options when the event is read, so the four to five events
+ * of every step cost a few array slots and no object each. Most events are
+ * never read; those that are (listing, streaming, the test kit's results) are
+ * built as plain {@link EventRecord}s then.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import type { EventRecord } from "../Core.js"
+import { flat } from "./flat.js"
+import * as Payload from "./payloads.js"
+
+/**
+ * What a step event's payload is rendered from.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export interface StepIdentity {
+  readonly stepId: string
+  readonly kind: string
+  readonly target: string
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export class EventLog {
+  private readonly types: Array<string> = []
+  private readonly times: Array<number> = []
+  /** The payload text, or the step a step event is about. */
+  private readonly data: Array<string | StepIdentity> = []
+  /** A step event's payload options (`undefined` for none). */
+  private readonly options: Array<Payload.StepPayloadOptions | undefined> = []
+
+  constructor(readonly executionId: string) {}
+
+  /** The number of events; the last one's `seq`. */
+  get length(): number {
+    return this.types.length
+  }
+
+  /** Append an event with its payload text. */
+  push(type: string, payload: string, occurredAtMs: number): void {
+    this.append(type, occurredAtMs, flat(payload), undefined)
+  }
+
+  /** Append a step event; its payload is rendered when it is read. */
+  pushStep(type: string, occurredAtMs: number, step: StepIdentity, options?: Payload.StepPayloadOptions): void {
+    this.append(type, occurredAtMs, step, options)
+  }
+
+  /** The events with index in `[from, to)` (seq `from + 1` …), as records. */
+  slice(from: number, to: number = this.types.length): Array<EventRecord> {
+    const end = Math.min(to, this.types.length)
+    const out: Array<EventRecord> = []
+    for (let i = Math.max(0, from); i < end; i++) out.push(this.at(i))
+    return out
+  }
+
+  private append(
+    type: string,
+    occurredAtMs: number,
+    data: string | StepIdentity,
+    options: Payload.StepPayloadOptions | undefined
+  ): void {
+    this.types.push(type)
+    this.times.push(occurredAtMs)
+    this.data.push(data)
+    this.options.push(options)
+  }
+
+  private at(index: number): EventRecord {
+    const data = this.data[index]!
+    return {
+      executionId: this.executionId,
+      seq: index + 1,
+      type: this.types[index]!,
+      payload: typeof data === "string" ?
+        data :
+        flat(Payload.stepPayload(data.stepId, data.kind, data.target, this.options[index])),
+      occurredAtMs: this.times[index]!
+    }
+  }
+}
