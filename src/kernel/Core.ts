@@ -199,6 +199,19 @@ export interface EventRecord {
 }
 
 /**
+ * Read access to an execution's event log, which only grows.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface EventLogView {
+  /** The number of events so far (the last one's `seq`). */
+  readonly length: number
+  /** The events with index in `[from, to)`, i.e. seq `from + 1` to `to`. */
+  readonly slice: (from: number, to?: number) => Array<EventRecord>
+}
+
+/**
  * A snapshot of a dispatch (PROTOCOL 5.1).
  *
  * @since 0.1.0
@@ -340,11 +353,21 @@ export interface KernelCore {
   readonly listEvents: (id: string, afterSeq: number, limit: number) => Effect.Effect<ReadonlyArray<EventRecord>>
   /** The whole event log of an execution (test kit / observation; no paging). */
   readonly eventLog: (id: string) => Effect.Effect<ReadonlyArray<EventRecord>>
+  /**
+   * The event log itself, for in-process callers that keep a snapshot cheaply:
+   * the log only grows, so its `length` now and a later `slice(0, length)` are
+   * the events of this moment. `undefined` for an unknown execution.
+   */
+  readonly unsafeEventLog: (id: string) => EventLogView | undefined
   /** Sorted by `step_id`; empty for an unknown execution. */
   readonly listSteps: (id: string, terminalOnly: boolean) => Effect.Effect<ReadonlyArray<StepRecord>>
   /** `404` unless the step exists **and** belongs to execution `id` (16.3 #4). */
   readonly getStep: (id: string, stepId: string) => Effect.Effect<StepRecord, KernelFailure>
-  /** {@link getStep} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
+  /**
+   * {@link getStep} as a plain lookup (`undefined` when unknown), for in-process
+   * callers on a hot path. It is the step's current state, not a copy: read it
+   * at once, do not keep it.
+   */
   readonly unsafeGetStep: (id: string, stepId: string) => StepRecord | undefined
 
   /** Pending approvals only, oldest first (11.8). */
@@ -1458,7 +1481,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         return steps.sort((a, b) => (a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0))
       }),
     getStep: (id, stepId) => read(() => executions.get(id)?.steps.get(stepId)?.snapshot() ?? notFound()),
-    unsafeGetStep: (id, stepId) => executions.get(id)?.steps.get(stepId)?.snapshot(),
+    unsafeGetStep: (id, stepId) => executions.get(id)?.steps.get(stepId),
+    unsafeEventLog: (id) => executions.get(id)?.events,
 
     listApprovals: () =>
       Effect.sync(() => {

@@ -403,30 +403,40 @@ interface FaultPlan {
   key: string | undefined
 }
 
-interface CallRecord {
-  seq: number
-  call: CallName
-  executionId: string
-  dispatchId: string | undefined
-  attempt: number | undefined
-  index: number
+/**
+ * One call in the log: the call as the direct client described it, plus what
+ * happened to it. What the call's step was (kind, target, idempotency of a
+ * complete or fail) is looked up when the log is read: a step's identity
+ * never changes.
+ */
+class CallRecord {
+  answer: string | undefined = undefined
+  answerSeq: number | undefined = undefined
+  /** The step named by the route, or the one the submit's answer named. */
   stepId: string | undefined
-  kind: string | undefined
-  target: string | undefined
-  argsJson: string | undefined
-  idempotency: "safe_to_retry" | "at_most_once" | undefined
-  atMs: number
-  reached: boolean
-  answer: string | undefined
-  answerSeq: number | undefined
-  delivered: boolean
-  injected: "crash" | "lapse" | "fault" | undefined
+  reached = false
+  delivered = false
+  injected: "crash" | "lapse" | "fault" | undefined = undefined
   /** Internal: lose the answer (fault `after`). */
-  loseAnswer: boolean
+  loseAnswer = false
   /** Internal: sent and not yet answered (nor lost before reaching the kernel). */
-  pending: boolean
-  /** Internal: the run's key for counting. */
-  key: string
+  pending = true
+  constructor(
+    readonly seq: number,
+    readonly info: DirectClient.CallInfo,
+    readonly index: number,
+    readonly atMs: number,
+    /** Internal: the run's key for counting. */
+    readonly key: string
+  ) {
+    this.stepId = info.stepId
+  }
+  get call(): CallName {
+    return this.info.call
+  }
+  get executionId(): string {
+    return this.info.executionId
+  }
 }
 
 const leaseKeys = new WeakMap<KernelClientModule.Lease, { readonly executionId: string; readonly key: string }>()
@@ -478,25 +488,31 @@ const lazyProperty = <A>(compute: () => A): PropertyDescriptor => {
   }
 }
 
-const snapshot = (r: CallRecord): KernelCall => ({
-  seq: r.seq,
-  call: r.call,
-  executionId: r.executionId,
-  dispatchId: r.dispatchId,
-  attempt: r.attempt,
-  index: r.index,
-  stepId: r.stepId,
-  kind: r.kind,
-  target: r.target,
-  argsJson: r.argsJson,
-  idempotency: r.idempotency,
-  atMs: r.atMs,
-  reached: r.reached,
-  answer: r.answer,
-  answerSeq: r.answerSeq,
-  delivered: r.delivered,
-  injected: r.injected
-})
+const snapshot = (core: Core.KernelCore, r: CallRecord): KernelCall => {
+  const submission = r.info.submission
+  const step = submission !== undefined || r.info.stepId === undefined
+    ? undefined
+    : core.unsafeGetStep(r.executionId, r.info.stepId)
+  return {
+    seq: r.seq,
+    call: r.call,
+    executionId: r.executionId,
+    dispatchId: r.info.lease?.dispatchId,
+    attempt: r.info.lease?.attempt,
+    index: r.index,
+    stepId: r.stepId,
+    kind: submission?.kind ?? step?.kind,
+    target: submission?.target ?? step?.target,
+    argsJson: submission?.argsJson,
+    idempotency: submission?.idempotency ?? idempotencyOf(step),
+    atMs: r.atMs,
+    reached: r.reached,
+    answer: r.answer,
+    answerSeq: r.answerSeq,
+    delivered: r.delivered,
+    injected: r.injected
+  }
+}
 
 /**
  * Build a test kernel in the current scope. Prefer {@link layer}.
@@ -530,6 +546,18 @@ export const make = <R = never>(
     const expiryRequested = new Set<string>()
     const callLog: Array<CallRecord> = []
     const callsByExecution = new Map<string, Array<CallRecord>>()
+    /** The execution whose calls were logged last (a run makes many calls in a row). */
+    let lastLog: { readonly executionId: string; readonly calls: Array<CallRecord> } | undefined
+    const executionLog = (executionId: string): Array<CallRecord> => {
+      if (lastLog !== undefined && lastLog.executionId === executionId) return lastLog.calls
+      let calls = callsByExecution.get(executionId)
+      if (calls === undefined) {
+        calls = []
+        callsByExecution.set(executionId, calls)
+      }
+      lastLog = { executionId, calls }
+      return calls
+    }
     let progress = 0
     /** Agent → kernel calls in flight (signing included), minus those parked by a stall. */
     let inFlight = 0
@@ -675,47 +703,20 @@ export const make = <R = never>(
       before: (info, now) => {
         progress++
         const key = info.lease === undefined ? `${info.executionId}/read` : leaseKey(info.executionId, info.lease)
-        const step = info.stepId === undefined ? undefined : core.unsafeGetStep(info.executionId, info.stepId)
-        const record: CallRecord = {
-          seq: callLog.length,
-          call: info.call,
-          executionId: info.executionId,
-          dispatchId: info.lease?.dispatchId,
-          attempt: info.lease?.attempt,
-          index: countCall(info.call, key),
-          stepId: info.stepId,
-          kind: info.submission?.kind ?? step?.kind,
-          target: info.submission?.target ?? step?.target,
-          argsJson: info.submission?.argsJson,
-          idempotency: info.submission?.idempotency ?? idempotencyOf(step),
-          atMs: now,
-          reached: false,
-          answer: undefined,
-          answerSeq: undefined,
-          delivered: false,
-          injected: undefined,
-          loseAnswer: false,
-          pending: true,
-          key
-        }
+        const record = new CallRecord(callLog.length, info, countCall(info.call, key), now, key)
         callLog.push(record)
-        let list = callsByExecution.get(info.executionId)
-        if (list === undefined) {
-          list = []
-          callsByExecution.set(info.executionId, list)
-        }
-        list.push(record)
+        executionLog(info.executionId).push(record)
         return planned(info.executionId, key) ? injectBefore(info, record) : record.seq
       },
-      after: (id, answer) => {
+      after: (id, answer, stepId) => {
         progress++
         const record = callLog[id]
         if (record === undefined || !record.pending) return
         record.pending = false
         record.reached = true
-        record.answer = answer.answer
+        record.answer = answer
         record.answerSeq = callLog.length
-        if (record.stepId === undefined && answer.stepId !== undefined) record.stepId = answer.stepId
+        if (record.stepId === undefined && stepId !== undefined) record.stepId = stepId
         if (record.loseAnswer || planned(record.executionId, record.key)) return injectAfter(record)
         record.delivered = true
       },
@@ -926,15 +927,16 @@ export const make = <R = never>(
       )
 
     const executionCalls = (executionId: string): ReadonlyArray<KernelCall> =>
-      (callsByExecution.get(executionId) ?? []).map(snapshot)
+      (callsByExecution.get(executionId) ?? []).map((r) => snapshot(core, r))
 
     const toResult = (executionId: string): Effect.Effect<RunResult, Core.KernelFailure> =>
       Effect.gen(function*() {
         const execution = yield* getExecution(executionId)
-        // Steps and events are taken now (the records are immutable) and decoded
-        // through the wire on first use: most tests never read all of them.
+        // Steps are copied now and events counted now (the log only grows); both
+        // are decoded through the wire on first use: most tests never read them all.
         const stepRecords = yield* core.listSteps(executionId, false)
-        const eventRecords = yield* core.eventLog(executionId)
+        const log = core.unsafeEventLog(executionId)
+        const eventCount = log?.length ?? 0
         const result: Omit<RunResult, "steps" | "events"> = {
           executionId,
           status: execution.status as Protocol.ExecutionStatus,
@@ -949,7 +951,7 @@ export const make = <R = never>(
         }
         return Object.defineProperties(result as RunResult, {
           steps: lazyProperty(() => stepRecords.map(decodeStep)),
-          events: lazyProperty(() => eventRecords.map(decodeEvent))
+          events: lazyProperty(() => (log?.slice(0, eventCount) ?? []).map(decodeEvent))
         })
       })
 
@@ -1084,7 +1086,7 @@ export const make = <R = never>(
       steps,
       events,
       calls: (executionId) =>
-        Effect.sync(() => executionId === undefined ? callLog.map(snapshot) : executionCalls(executionId)),
+        Effect.sync(() => executionId === undefined ? callLog.map((r) => snapshot(core, r)) : executionCalls(executionId)),
       activeRuns,
       approvals,
       grant: (approvalId, decision) =>

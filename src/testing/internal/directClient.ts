@@ -82,7 +82,7 @@ export interface CallAnswer {
  */
 export interface Interceptor {
   readonly before: (info: CallInfo, now: number) => number | Effect.Effect<number, KernelError>
-  readonly after: (id: number, answer: CallAnswer) => void | Effect.Effect<void, KernelError>
+  readonly after: (id: number, answer: string, stepId: string | undefined) => void | Effect.Effect<void, KernelError>
   readonly track: <A, E>(effect: Effect.Effect<A, E>) => Effect.Effect<A, E>
 }
 
@@ -120,6 +120,9 @@ const signalOr = (f: Core.KernelFailure): LeaseSuperseded | Terminated | KernelE
     : f.code === "execution_terminal"
     ? new Terminated()
     : statusError(f)
+
+const submitFailure = (f: Core.KernelFailure): PolicyError | LeaseSuperseded | Terminated | KernelError =>
+  f.code === "policy_denied" ? new PolicyError({ reason: f.message }) : signalOr(f)
 
 const leaseOr = (f: Core.KernelFailure): LeaseSuperseded | KernelError =>
   f.code === "lease_superseded" ? new LeaseSuperseded() : statusError(f)
@@ -188,7 +191,8 @@ export const make = (
     effect: Effect.Effect<A, Core.KernelFailure>
   ): Effect.Effect<A, Core.KernelFailure | KernelError> =>
     Effect.flatMap(Effect.exit(effect), (exit) => {
-      const after = interceptor.after(id, answerOf(exit))
+      const answer = answerOf(exit)
+      const after = interceptor.after(id, answer.answer, answer.stepId)
       return after === undefined ? exit : Effect.zipRight(after, exit)
     })
 
@@ -204,26 +208,39 @@ export const make = (
 
   /**
    * A step call: when nothing is injected, the hooks and the kernel run as plain
-   * code at one instant of the clock; otherwise it takes the slow path.
+   * code at one instant of the clock; otherwise it takes the slow path. `raw` is
+   * the submission's args (`submit`) or the outcome's JSON.
    */
   const stepCall = <E>(
     info: CallInfo,
-    call: (now: number) => Core.Decision | Core.KernelFailure,
-    effect: () => Effect.Effect<Core.Decision, Core.KernelFailure>,
+    op: "submit" | "succeeded" | "failed",
+    raw: string | undefined,
     onFailure: (failure: Core.KernelFailure) => E
   ): Effect.Effect<Protocol.StepDecision, E | KernelError> =>
     Effect.clockWith((clock) => {
       const now = clock.unsafeCurrentTimeMillis()
       const before = interceptor.before(info, now)
       if (typeof before === "number") {
-        const result = call(now)
-        const after = interceptor.after(before, answerOfValue(result))
-        const answer = result instanceof KernelFailureClass
-          ? Effect.fail(onFailure(result))
-          : Effect.succeed(toDecision(result))
+        const result = op === "submit"
+          ? core.unsafeSubmitStep(now, info.executionId, info.lease!, toCore(info.submission!))
+          : core.unsafeSettleStep(now, info.executionId, info.stepId!, info.lease!, op, raw)
+        let after: void | Effect.Effect<void, KernelError>
+        let answer: Effect.Effect<Protocol.StepDecision, E>
+        if (result instanceof KernelFailureClass) {
+          after = interceptor.after(before, result.code, undefined)
+          answer = Effect.fail(onFailure(result))
+        } else {
+          after = interceptor.after(before, result.decision, result.stepId)
+          answer = Effect.succeed(toDecision(result))
+        }
         return after === undefined ? answer : interceptor.track(Effect.zipRight(after, answer))
       }
-      return interceptor.track(Effect.flatMap(before, (id) => answered(id, effect()))).pipe(
+      const effect = op === "submit"
+        ? core.submitStep(info.executionId, info.lease!, toCore(info.submission!))
+        : op === "succeeded"
+        ? core.completeStep(info.executionId, info.stepId!, info.lease!, raw)
+        : core.failStep(info.executionId, info.stepId!, info.lease!, raw)
+      return interceptor.track(Effect.flatMap(before, (id) => answered(id, effect))).pipe(
         Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision })
       )
     })
@@ -232,23 +249,12 @@ export const make = (
     call: CallName,
     caller: { readonly agentId: string; readonly lease?: Lease | undefined },
     executionId: string,
-    extra?: { readonly stepId?: string; readonly submission?: StepSubmission }
-  ): CallInfo => ({
-    call,
-    agentId: caller.agentId,
-    lease: caller.lease,
-    executionId,
-    stepId: extra?.stepId,
-    submission: extra?.submission
-  })
+    stepId?: string,
+    submission?: StepSubmission
+  ): CallInfo => ({ call, agentId: caller.agentId, lease: caller.lease, executionId, stepId, submission })
 
   const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
-    stepCall(
-      info("failStep", caller, executionId, { stepId }),
-      (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "failed", errorJson),
-      () => core.failStep(executionId, stepId, caller.lease, errorJson),
-      signalOr
-    ).pipe(Http.retryTransport)
+    stepCall(info("failStep", caller, executionId, stepId), "failed", errorJson, signalOr).pipe(Http.retryTransport)
 
   /** Complete / fail execution: `409 execution_terminal` means an earlier try (or a cancel) got there first. */
   const outcome = (
@@ -271,18 +277,15 @@ export const make = (
     // Never retried (PROTOCOL.md 15.1).
     submitStep: (caller: Caller, executionId, s) =>
       stepCall(
-        info("submitStep", caller, executionId, { submission: s }),
-        (now) => core.unsafeSubmitStep(now, executionId, caller.lease, toCore(s)),
-        () => core.submitStep(executionId, caller.lease, toCore(s)),
-        (f) => f.code === "policy_denied" ? new PolicyError({ reason: f.message }) : signalOr(f)
+        info("submitStep", caller, executionId, undefined, s),
+        "submit",
+        undefined,
+        submitFailure
       ),
     completeStep: (caller, executionId, stepId, resultJson) =>
-      stepCall(
-        info("completeStep", caller, executionId, { stepId }),
-        (now) => core.unsafeSettleStep(now, executionId, stepId, caller.lease, "succeeded", resultJson),
-        () => core.completeStep(executionId, stepId, caller.lease, resultJson),
-        signalOr
-      ).pipe(Http.retryTransport),
+      stepCall(info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr).pipe(
+        Http.retryTransport
+      ),
     failStep: (caller, executionId, stepId, message) => failStepJson(caller, executionId, stepId, JSON.stringify({ message })),
     failStepJson,
     publishDelta: (_caller, executionId, stepId, seq, data) => core.publishDelta(executionId, { stepId, seq, data }),

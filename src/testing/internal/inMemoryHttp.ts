@@ -166,7 +166,8 @@ export const make = (
       }
       const response = yield* handle({ method: request.method, url: url.pathname + url.search, headers, body })
       if (id !== undefined && interceptor !== undefined) {
-        const after = interceptor.after(id, answerOfResponse(response))
+        const answer = answerOfResponse(response)
+        const after = interceptor.after(id, answer.answer, answer.stepId)
         if (after !== undefined) yield* Effect.mapError(after, lost)
       }
       const payload = typeof response.body === "string" || response.body instanceof Uint8Array
