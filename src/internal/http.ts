@@ -248,22 +248,31 @@ export const retrySchedule: Schedule.Schedule<unknown> = Schedule.exponential("1
 )
 
 /**
- * Retry an effect on transport failures only.
+ * Retry an effect on transport failures only. With `again`, the first try is
+ * `self` and the retries run `again` (for a first try already under way).
  *
  * @internal
  */
-export const retryTransport = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => retryFrom(self, 0)
+export const retryTransport = <A, E, R>(
+  self: Effect.Effect<A, E, R>,
+  again: Effect.Effect<A, E, R> = self
+): Effect.Effect<A, E, R> => retryFrom(self, again, 0)
 
 /** The delays of {@link retrySchedule}, as plain numbers: nothing is set up until a try fails. */
 const RETRY_DELAYS_MILLIS: ReadonlyArray<number> = [100, 200, 400]
 
-const retryFrom = <A, E, R>(self: Effect.Effect<A, E, R>, retry: number): Effect.Effect<A, E, R> =>
+const retryFrom = <A, E, R>(
+  self: Effect.Effect<A, E, R>,
+  again: Effect.Effect<A, E, R>,
+  retry: number
+): Effect.Effect<A, E, R> =>
   retry >= RETRY_DELAYS_MILLIS.length
     ? self
     : Effect.catchIf(
       self,
       isTransportFailure,
-      () => Effect.zipRight(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(self, retry + 1))
+      () =>
+        Effect.zipRight(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(again, again, retry + 1))
     )
 
 /**

@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Context, Effect, ParseResult, Schema } from "effect"
+import { Cause, Context, Effect, Either, ParseResult, Schema } from "effect"
 import { Execution } from "../Execution.js"
 import type * as Protocol from "../Protocol.js"
 import {
@@ -25,8 +25,9 @@ import {
   ToolError
 } from "../RebunoError.js"
 import type { RunSignal } from "../RebunoError.js"
-import type { KernelClient } from "../KernelClient.js"
+import type { KernelClient, StepSubmission } from "../KernelClient.js"
 import * as Codec from "./codec.js"
+import * as InProcess from "./inProcess.js"
 import * as Tracing from "./tracing.js"
 import { stringifyStrict } from "./json.js"
 import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
@@ -115,10 +116,38 @@ const unexpected = (decision: string) =>
 const signal = <S extends RunSignal>(execution: Execution.Service, s: S): Effect.Effect<never, S> =>
   Effect.zipRight(execution.raise(s), Effect.fail(s))
 
+/** The submission as sent, or why it cannot be: its arguments are not JSON (nothing is sent then). */
+const prepare = (submission: Submission): StepSubmission | InvalidArguments => {
+  const args = stringifyStrict(submission.args)
+  if (args._tag === "Invalid") {
+    return new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason })
+  }
+  return {
+    kind: submission.kind,
+    target: submission.target,
+    argsJson: args.json,
+    idempotency: submission.idempotency
+  }
+}
+
+/**
+ * A submit that failed: a transport failure abandons the run (a submit is never
+ * retried, 15.1); the kernel's signals are recorded on the run.
+ */
+const submitFailed = (execution: Execution.Service, target: string, e: SubmitError): Effect.Effect<never, StepError> =>
+  e instanceof KernelError && isTransportFailure(e)
+    ? signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` }))
+    : e instanceof PolicyError && e.target === undefined
+    ? Effect.fail(new PolicyError({ ...e, target }))
+    : isAnswerSignal(e)
+    ? signal(execution, e)
+    : Effect.fail(e)
+
+type SubmitError = KernelError | LeaseSuperseded | Terminated | PolicyError
+
 /**
  * Check the arguments are JSON (nothing is sent otherwise), submit, and map the
- * decision (table 7.2). A transport failure of the submit abandons the run: a
- * submit is never retried (15.1).
+ * decision (table 7.2).
  *
  * @since 0.1.0
  * @category internal
@@ -128,27 +157,12 @@ export const submit = (
   execution: Execution.Service,
   submission: Submission
 ): Effect.Effect<Admission, StepError> => {
-  const args = stringifyStrict(submission.args)
-  if (args._tag === "Invalid") {
-    return Effect.fail(new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason }))
-  }
-  const stepSubmission = {
-    kind: submission.kind,
-    target: submission.target,
-    argsJson: args.json,
-    idempotency: submission.idempotency
-  }
+  const prepared = prepare(submission)
+  if (prepared instanceof InvalidArguments) return Effect.fail(prepared)
   return Effect.matchEffect(
-    callKernel(execution, (kernel) => kernel.submitStep(execution.caller, execution.executionId, stepSubmission)),
+    callKernel(execution, (kernel) => kernel.submitStep(execution.caller, execution.executionId, prepared)),
     {
-      onFailure: (e): Effect.Effect<never, StepError> =>
-        e instanceof KernelError && isTransportFailure(e)
-          ? signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` }))
-          : e instanceof PolicyError && e.target === undefined
-          ? Effect.fail(new PolicyError({ ...e, target: submission.target }))
-          : isAnswerSignal(e)
-          ? signal(execution, e)
-          : Effect.fail(e),
+      onFailure: (e) => submitFailed(execution, submission.target, e),
       onSuccess: (decision) => admit(execution, submission.target, decision)
     }
   )
@@ -166,18 +180,28 @@ export const admit = (
   target: string,
   decision: Protocol.StepDecision
 ): Effect.Effect<Admission, StepError> => {
+  const admitted = admission(execution, target, decision)
+  return Effect.isEffect(admitted) ? admitted : Effect.succeed(admitted)
+}
+
+/** {@link admit}, with the admission as a plain value. */
+const admission = (
+  execution: Execution.Service,
+  target: string,
+  decision: Protocol.StepDecision
+): Admission | Effect.Effect<never, StepError> => {
   switch (decision.decision) {
     case "proceed":
       return decision.stepId === undefined ?
         Effect.fail(new KernelError({ reason: "Decode", description: "proceed decision without step_id" })) :
-        Effect.succeed({ _tag: "Proceed", stepId: decision.stepId })
+        { _tag: "Proceed", stepId: decision.stepId }
     case "replay":
-      return Effect.succeed({
+      return {
         _tag: "Replay",
         stepId: decision.stepId ?? "",
         result: decision.result === undefined ? null : decision.result,
         error: decision.error === null ? undefined : decision.error
-      })
+      }
     case "denied":
       return Effect.fail(
         new PolicyError({
@@ -254,20 +278,61 @@ export const complete = <A>(
   stepId: string,
   resultJson: string,
   value: A
-): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-  Effect.matchEffect(
+): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> => {
+  const inProcess = inProcessSteps(execution)
+  if (inProcess !== undefined) {
+    return Effect.withFiberRuntime((fiber) => {
+      const answer = inProcess.isStopped()
+        ? Either.left(new LeaseSuperseded())
+        : inProcess.steps.completeStep(
+          InProcess.nowOf(fiber),
+          execution.caller,
+          execution.executionId,
+          stepId,
+          resultJson
+        )
+      if (!Either.isEither(answer)) return completed(execution, answer, value)
+      return Either.isLeft(answer)
+        ? completeFailed(execution, answer.left)
+        : (settled(execution, answer.right) ?? Effect.succeed(value))
+    })
+  }
+  return completed(
+    execution,
     callKernel(execution, (kernel) => kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)),
-    {
-      onFailure: (e): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
-        e instanceof KernelError && isTransportFailure(e)
-          ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
-          : isAnswerSignal(e)
-          ? signal(execution, e)
-          : Effect.fail(e),
-      onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> =>
-        settled(execution, decision) ?? Effect.succeed(value)
-    }
+    value
   )
+}
+
+const completed = <A>(
+  execution: Execution.Service,
+  call: Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>,
+  value: A
+): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
+  Effect.matchEffect(call, {
+    onFailure: (e) => completeFailed(execution, e),
+    onSuccess: (decision): Effect.Effect<A, Terminated | KernelError> => settled(execution, decision) ?? Effect.succeed(value)
+  })
+
+const completeFailed = (
+  execution: Execution.Service,
+  e: KernelError | LeaseSuperseded | Terminated
+): Effect.Effect<never, LeaseSuperseded | Terminated | KernelError | Abandoned> =>
+  e instanceof KernelError && isTransportFailure(e)
+    ? signal(execution, new Abandoned({ reason: `step complete failed: ${e.message}` }))
+    : isAnswerSignal(e)
+    ? signal(execution, e)
+    : Effect.fail(e)
+
+/** The run's in-process step calls, when its kernel client has them (see `inProcess.ts`). */
+const inProcessSteps = (
+  execution: Execution.Service
+): { readonly isStopped: () => boolean; readonly steps: InProcess.InProcessSteps } | undefined => {
+  const direct = execution.kernel.unguarded
+  if (direct === undefined) return undefined
+  const steps = InProcess.stepsOf(direct.kernel)
+  return steps === undefined ? undefined : { isStopped: direct.isStopped, steps }
+}
 
 /**
  * `POST …/fail` with the error object. Error answers are swallowed (14.4),
@@ -384,24 +449,53 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
-  const idempotency = options.idempotency ?? "safe_to_retry"
-  return Effect.flatMap(
-    submit(execution, {
-      kind: options.kind,
-      target: options.target,
-      args: options.args === undefined ? {} : options.args,
-      idempotency
-    }),
-    (admission): Effect.Effect<A, StepError | F, R | RS | RF> => {
-      if (admission._tag === "Replay") return replay(options, admission)
-      const { stepId } = admission
-      return Effect.matchCauseEffect(
-        Effect.suspend(() => options.body({ stepId, kind: options.kind, target: options.target, idempotency })),
-        {
-          onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
-          onSuccess: (value) => record(execution, options, stepId, value)
-        }
-      )
+  const submission: Submission = {
+    kind: options.kind,
+    target: options.target,
+    args: options.args === undefined ? {} : options.args,
+    idempotency: options.idempotency ?? "safe_to_retry"
+  }
+  const inProcess = inProcessSteps(execution)
+  if (inProcess === undefined) {
+    return Effect.flatMap(submit(execution, submission), (admitted) => proceedOrReplay(execution, options, submission, admitted))
+  }
+  // An in-process kernel answers at once: submit as a plain call at the fiber's time.
+  const prepared = prepare(submission)
+  if (prepared instanceof InvalidArguments) return Effect.fail(prepared)
+  return Effect.withFiberRuntime((fiber) => {
+    const answer = inProcess.isStopped()
+      ? Either.left(new LeaseSuperseded())
+      : inProcess.steps.submitStep(InProcess.nowOf(fiber), execution.caller, execution.executionId, prepared)
+    if (!Either.isEither(answer)) {
+      return Effect.matchEffect(answer, {
+        onFailure: (e) => submitFailed(execution, submission.target, e),
+        onSuccess: (decision) =>
+          Effect.flatMap(admit(execution, submission.target, decision), (admitted) =>
+            proceedOrReplay(execution, options, submission, admitted))
+      })
+    }
+    if (Either.isLeft(answer)) return submitFailed(execution, submission.target, answer.left)
+    const admitted = admission(execution, submission.target, answer.right)
+    return Effect.isEffect(admitted) ? admitted : proceedOrReplay(execution, options, submission, admitted)
+  })
+}
+
+/** After the kernel admitted the step: decode the replayed outcome, or run the body and record its outcome. */
+const proceedOrReplay = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>,
+  submission: Submission,
+  admission: Admission
+): Effect.Effect<A, StepError | F, R | RS | RF> => {
+  if (admission._tag === "Replay") return replay(options, admission)
+  const { stepId } = admission
+  return Effect.matchCauseEffect(
+    Effect.suspend(() =>
+      options.body({ stepId, kind: options.kind, target: options.target, idempotency: submission.idempotency })
+    ),
+    {
+      onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
+      onSuccess: (value) => record(execution, options, stepId, value)
     }
   )
 }

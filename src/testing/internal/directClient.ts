@@ -10,13 +10,14 @@
  * @since 0.1.0
  * @internal
  */
-import { Clock, Effect, Exit, Redacted, Schema } from "effect"
+import { Clock, Effect, Either, Exit, Redacted, Schema } from "effect"
 import * as Core from "../../kernel/Core.js"
 import * as Wire from "../../kernel/Wire.js"
 import type { Caller, KernelClient, Lease, StepSubmission } from "../../KernelClient.js"
 import * as Protocol from "../../Protocol.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../../RebunoError.js"
 import * as Http from "../../internal/http.js"
+import * as InProcess from "../../internal/inProcess.js"
 
 /**
  * The intercepted agent → kernel calls.
@@ -207,43 +208,69 @@ export const make = (
     }))
 
   /**
-   * A step call: when nothing is injected, the hooks and the kernel run as plain
-   * code at one instant of the clock; otherwise it takes the slow path. `raw` is
-   * the submission's args (`submit`) or the outcome's JSON.
+   * A step call at time `now`: when nothing is injected, the hooks and the
+   * kernel run as plain code and the answer is an `Either`; otherwise it is the
+   * Effect of the slow path. `raw` is the outcome's JSON (complete / fail).
    */
+  const stepCallAt = <E>(
+    now: number,
+    info: CallInfo,
+    op: "submit" | "succeeded" | "failed",
+    raw: string | undefined,
+    onFailure: (failure: Core.KernelFailure) => E
+  ): InProcess.Answer<E | KernelError> => {
+    const before = interceptor.before(info, now)
+    if (typeof before === "number") {
+      const result = op === "submit"
+        ? core.unsafeSubmitStep(now, info.executionId, info.lease!, toCore(info.submission!))
+        : core.unsafeSettleStep(now, info.executionId, info.stepId!, info.lease!, op, raw)
+      let after: void | Effect.Effect<void, KernelError>
+      let answer: Either.Either<Protocol.StepDecision, E>
+      if (result instanceof KernelFailureClass) {
+        after = interceptor.after(before, result.code, undefined)
+        answer = Either.left(onFailure(result))
+      } else {
+        after = interceptor.after(before, result.decision, result.stepId)
+        answer = Either.right(toDecision(result))
+      }
+      return after === undefined ? answer : interceptor.track(Effect.zipRight(after, answer))
+    }
+    const effect = op === "submit"
+      ? core.submitStep(info.executionId, info.lease!, toCore(info.submission!))
+      : op === "succeeded"
+      ? core.completeStep(info.executionId, info.stepId!, info.lease!, raw)
+      : core.failStep(info.executionId, info.stepId!, info.lease!, raw)
+    return interceptor.track(Effect.flatMap(before, (id) => answered(id, effect))).pipe(
+      Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision })
+    )
+  }
+
+  /** A step call at the fiber's current time. */
   const stepCall = <E>(
     info: CallInfo,
     op: "submit" | "succeeded" | "failed",
     raw: string | undefined,
     onFailure: (failure: Core.KernelFailure) => E
   ): Effect.Effect<Protocol.StepDecision, E | KernelError> =>
-    Effect.clockWith((clock) => {
-      const now = clock.unsafeCurrentTimeMillis()
-      const before = interceptor.before(info, now)
-      if (typeof before === "number") {
-        const result = op === "submit"
-          ? core.unsafeSubmitStep(now, info.executionId, info.lease!, toCore(info.submission!))
-          : core.unsafeSettleStep(now, info.executionId, info.stepId!, info.lease!, op, raw)
-        let after: void | Effect.Effect<void, KernelError>
-        let answer: Effect.Effect<Protocol.StepDecision, E>
-        if (result instanceof KernelFailureClass) {
-          after = interceptor.after(before, result.code, undefined)
-          answer = Effect.fail(onFailure(result))
-        } else {
-          after = interceptor.after(before, result.decision, result.stepId)
-          answer = Effect.succeed(toDecision(result))
-        }
-        return after === undefined ? answer : interceptor.track(Effect.zipRight(after, answer))
-      }
-      const effect = op === "submit"
-        ? core.submitStep(info.executionId, info.lease!, toCore(info.submission!))
-        : op === "succeeded"
-        ? core.completeStep(info.executionId, info.stepId!, info.lease!, raw)
-        : core.failStep(info.executionId, info.stepId!, info.lease!, raw)
-      return interceptor.track(Effect.flatMap(before, (id) => answered(id, effect))).pipe(
-        Effect.mapBoth({ onFailure: mapFailure(onFailure), onSuccess: toDecision })
-      )
-    })
+    Effect.clockWith((clock) => stepCallAt(clock.unsafeCurrentTimeMillis(), info, op, raw, onFailure))
+
+  /** One try of a step complete. */
+  const completeCall = (caller: Caller, executionId: string, stepId: string, resultJson: string) =>
+    stepCall(info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr)
+
+  const completeStep: KernelClient.Service["completeStep"] = (caller, executionId, stepId, resultJson) =>
+    Http.retryTransport(completeCall(caller, executionId, stepId, resultJson))
+
+  /** The same submit and complete, for callers that read the time themselves. */
+  const inProcessSteps: InProcess.InProcessSteps = {
+    submitStep: (now, caller, executionId, s) =>
+      stepCallAt(now, info("submitStep", caller, executionId, undefined, s), "submit", undefined, submitFailure),
+    completeStep: (now, caller, executionId, stepId, resultJson) => {
+      const answer = stepCallAt(now, info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr)
+      // Retries are whole calls again, as `completeStep`'s are.
+      return Either.isEither(answer) ? answer : Http.retryTransport(answer, completeCall(caller, executionId, stepId, resultJson))
+    }
+  }
 
   const info = (
     call: CallName,
@@ -267,7 +294,7 @@ export const make = (
       Http.retryTransport
     )
 
-  return {
+  const service: KernelClient.Service = {
     secret: Redacted.make(secret),
     getExecution: (caller, executionId) =>
       around(info("getExecution", caller, executionId), core.getExecution(executionId)).pipe(
@@ -282,10 +309,7 @@ export const make = (
         undefined,
         submitFailure
       ),
-    completeStep: (caller, executionId, stepId, resultJson) =>
-      stepCall(info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr).pipe(
-        Http.retryTransport
-      ),
+    completeStep,
     failStep: (caller, executionId, stepId, message) => failStepJson(caller, executionId, stepId, JSON.stringify({ message })),
     failStepJson,
     publishDelta: (_caller, executionId, stepId, seq, data) => core.publishDelta(executionId, { stepId, seq, data }),
@@ -299,4 +323,5 @@ export const make = (
     failExecution: (caller, executionId, reason) =>
       outcome(info("failExecution", caller, executionId), core.failExecution(executionId, caller.lease, reason))
   }
+  return InProcess.register(service, inProcessSteps)
 }
