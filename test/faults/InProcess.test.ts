@@ -287,6 +287,74 @@ describe("a lease that lapses while the run is alive", () => {
       }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
     }))
 
+  it.effect.each([["submit", "between"], ["complete", "inside"]] as const)(
+    "a zombie's refused %s stops it there, even under a handler that catches everything",
+    ([call, where]) =>
+    Effect.gen(function*() {
+      // Each run waits until its gate opens: between its two steps, or inside the first one's body.
+      const gates = [
+        { open: yield* Deferred.make<void>(), reached: yield* Deferred.make<void>() },
+        { open: yield* Deferred.make<void>(), reached: yield* Deferred.make<void>() }
+      ] as const
+      let runs = 0
+      const hold = Effect.suspend(() => {
+        const gate = gates[runs++]
+        return gate === undefined ? Effect.void : Effect.zipRight(Deferred.succeed(gate.reached, undefined), Deferred.await(gate.open))
+      })
+      const step = (name: string) =>
+        Tool.make(name, {
+          args: Schema.Struct({}),
+          success: Schema.String,
+          execute: () => Effect.as(name === "first" && where === "inside" ? hold : Effect.void, name)
+        })
+      const [first, second] = [step("first"), step("second")]
+      const seen: Array<string> = []
+      const agent = Agent.make({
+        id: "swallower",
+        handler: () =>
+          Effect.gen(function*() {
+            const a = yield* first({})
+            if (where === "between") yield* hold
+            const b = yield* second({})
+            return `${a} ${b}`
+          }).pipe(Effect.catchAll((e) => Effect.sync(() => (seen.push(e._tag), "swallowed"))))
+      })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(agent.id, {})
+        yield* kernel.tick
+        yield* Deferred.await(gates[0].reached)
+        yield* kernel.partition(agent.id)
+        yield* kernel.expireLeases
+        yield* kernel.tick
+        yield* Deferred.await(gates[1].reached)
+        // The zombie wakes up while the new attempt holds the lease: its next call is
+        // refused (lease_superseded), which stops the run before its handler sees it.
+        yield* Deferred.succeed(gates[0].open, undefined)
+        const refused = Effect.map(
+          kernel.calls(id),
+          (calls) => calls.some((c) => c.attempt === 1 && c.answer === "lease_superseded")
+        )
+        for (let i = 0; i < 200 && !(yield* refused); i++) yield* Effect.yieldNow()
+        // Time for the zombie to go on (were it not stopped: catch, return, post its outcome).
+        yield* Effect.repeatN(Effect.yieldNow(), 100)
+        yield* Deferred.succeed(gates[1].open, undefined)
+        const run = yield* kernel.settle(id)
+        expect(run.output).toBe("first second")
+        expect(seen).toEqual([])
+        const zombie = callsOf(run, 1).filter((c) => c.call !== "heartbeat")
+        expect(zombie.map((c) => [c.call, c.target, c.answer])).toEqual(
+          call === "submit" ?
+            [
+              ["submitStep", "first", "proceed"],
+              ["completeStep", "first", "recorded"],
+              ["submitStep", "second", "lease_superseded"]
+            ] :
+            [["submitStep", "first", "proceed"], ["completeStep", "first", "lease_superseded"]]
+        )
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+    }))
+
   it.effect("in the same process, the newer delivery supersedes the run: its body is interrupted", () =>
     Effect.gen(function*() {
       const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }

@@ -246,3 +246,122 @@ describe("TestKernel", () => {
     }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
   })
 })
+
+/**
+ * The direct client answers step calls in-process (no Effect per call) unless
+ * something is injected; over `transport: "http"` every call is a request.
+ * Users must not be able to tell them apart: the same runs, steps, events and
+ * call log, whatever the step's answer.
+ */
+describe("direct and HTTP transports", () => {
+  const makeAgents = () => {
+    const ran: Array<string> = []
+    const tool = (name: string, execute: (n: number) => Effect.Effect<number, unknown>) =>
+      Tool.make(name, {
+        args: Schema.Struct({ n: Schema.Number }),
+        success: Schema.Number,
+        failure: Schema.TaggedError<Overdrawn>()("Overdrawn", { by: Schema.Number }),
+        execute: ({ n }) => Effect.suspend(() => (ran.push(`${name}:${n}`), execute(n)))
+      })
+    class Overdrawn extends Schema.TaggedError<Overdrawn>()("Overdrawn", { by: Schema.Number }) {}
+    const add = tool("add", (n) => Effect.succeed(n + 1))
+    const fails = tool("fails", () => Effect.fail(new Error("boom")))
+    const typed = tool("typed", (n) => Effect.fail(new Overdrawn({ by: n })))
+    const shell = tool("shell", (n) => Effect.succeed(n))
+    const limited = tool("limited", (n) => Effect.succeed(n))
+    const deploy = tool("deploy", (n) => Effect.succeed(n))
+    const outcome = <A, E extends { readonly _tag: string }, R>(effect: Effect.Effect<A, E, R>) =>
+      effect.pipe(
+        Effect.map((a) => `ok ${JSON.stringify(a)}`),
+        Effect.catchAll((e) => Effect.succeed(`${e._tag}`))
+      )
+    const mixed = Agent.make({
+      id: "mixed",
+      handler: () =>
+        Effect.gen(function*() {
+          const out: Array<string> = []
+          out.push(yield* outcome(add({ n: 1 })))
+          out.push(yield* outcome(add({ n: 1 })))
+          out.push(yield* outcome(fails({ n: 2 })))
+          out.push(yield* outcome(typed({ n: 3 })))
+          out.push(yield* outcome(shell({ n: 4 })))
+          out.push(yield* outcome(limited({ n: 5 })))
+          out.push(yield* outcome(limited({ n: 6 })))
+          out.push(yield* outcome(Step.make({ kind: "local", target: "not_json", body: () => Effect.succeed(() => 1) })))
+          out.push(yield* outcome(add({ n: Number.NaN })))
+          return out
+        })
+    })
+    const gated = Agent.make({
+      id: "gated",
+      handler: () => Effect.gen(function*() {
+        const a = yield* add({ n: 10 })
+        const b = yield* deploy({ n: a })
+        return b
+      })
+    })
+    return { ran, mixed, gated }
+  }
+
+  const policy = [
+    "default_action: allow",
+    "rules:",
+    "  - { id: no-shell, priority: 1, when: { target: shell }, then: { decision: deny, reason: shell is off } }",
+    "  - id: once",
+    "    priority: 2",
+    "    when: { target: limited }",
+    "    then: { decision: allow, rate_limit: { max_calls: 1, window: 1m } }",
+    "  - { id: gate, priority: 3, when: { target: deploy }, then: { decision: require_approval } }"
+  ].join("\n")
+
+  /** What a user can see of the runs, with ids and times left out. */
+  const observe = (transport: "direct" | "http") => {
+    const agents = makeAgents()
+    const calls = (run: TestKernel.RunResult) =>
+      run.calls.map((c) => [c.call, c.kind, c.target, c.argsJson, c.index, c.attempt, c.reached, c.answer, c.delivered])
+    const view = (run: TestKernel.RunResult) => ({
+      status: run.status,
+      output: run.output,
+      failureReason: run.failureReason,
+      deliveries: run.deliveries,
+      steps: run.steps.map((s) => [s.kind, s.target, s.status, s.occurrence, s.result, s.error]).sort((a, b) =>
+        JSON.stringify(a) < JSON.stringify(b) ? -1 : 1
+      ),
+      events: run.events.map((e) => e.type),
+      calls: calls(run)
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const mixed = yield* kernel.run(agents.mixed, {})
+      // A crash after the first step outcome: the next attempt replays it.
+      const crashed = yield* kernel.run(agents.gated, {}, { crash: { afterSteps: 1 } })
+      yield* kernel.grant(crashed.approvals[0]!.id, { decidedBy: "ops" })
+      const granted = yield* kernel.settle(crashed.executionId)
+      return { mixed: view(mixed), crashed: view(crashed), granted: view(granted), ran: agents.ran }
+    }).pipe(
+      Effect.provide(TestKernel.layer({ agents: [agents.mixed, agents.gated], transport, policies: { mixed: policy, gated: policy } }))
+    )
+  }
+
+  it.effect("the same runs, steps, events and call log", () =>
+    Effect.gen(function*() {
+      const direct = yield* observe("direct")
+      const http = yield* observe("http")
+      expect(direct.mixed.output).toEqual([
+        "ok 2",
+        "ok 2",
+        "ToolError",
+        "Overdrawn",
+        "PolicyError",
+        "ok 5",
+        "RateLimited",
+        "ToolError",
+        "InvalidArguments"
+      ])
+      expect(direct.crashed.status).toBe("blocked")
+      expect(direct.granted.status).toBe("completed")
+      expect(direct.granted.output).toBe(11)
+      expect(direct.crashed.calls.some((c) => c[7] === "replay")).toBe(true)
+      expect(direct).toEqual(http)
+    }))
+})
