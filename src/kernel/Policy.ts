@@ -523,6 +523,44 @@ const decodeStruct = (d: Decoder, loc: Loc, node: unknown): ReadonlyArray<Entry>
   return undefined
 }
 
+/** How one key of a struct decodes: into which field, with which decoder. */
+type FieldOf<A> = { readonly [K in keyof A]: readonly [K, (d: Decoder, loc: Loc, node: unknown) => A[K]] }[keyof A]
+
+/**
+ * A struct's fields from its entries: each known key decoded into its field
+ * (unknown keys ignored, as the reference's decoder does), the rest defaults.
+ */
+const fieldsFrom = <A extends object>(
+  d: Decoder,
+  loc: Loc,
+  entries: ReadonlyArray<Entry>,
+  defaults: A,
+  fields: { readonly [key: string]: FieldOf<A> }
+): A => {
+  const out: { -readonly [K in keyof A]: A[K] } = { ...defaults }
+  for (const e of entries) {
+    if (!Object.prototype.hasOwnProperty.call(fields, e.key)) continue
+    const [name, decode] = fields[e.key]!
+    out[name] = decode(d, at(loc, e.key), e.value)
+  }
+  return out
+}
+
+/** A struct (see {@link fieldsFrom}); `undefined`, reported unless null, when the node is not a map. */
+const decodeFields = <A extends object>(
+  d: Decoder,
+  loc: Loc,
+  node: unknown,
+  defaults: A,
+  fields: { readonly [key: string]: FieldOf<A> }
+): A | undefined => {
+  const entries = decodeStruct(d, loc, node)
+  return entries === undefined ? undefined : fieldsFrom(d, loc, entries, defaults, fields)
+}
+
+/** A list of strings; absent or null → `[]`. */
+const decodeStrings = (d: Decoder, loc: Loc, node: unknown): ReadonlyArray<string> => decodeStringList(d, loc, node) ?? []
+
 interface RawPredicate {
   readonly equals: string
   readonly contains: string
@@ -530,29 +568,15 @@ interface RawPredicate {
   readonly regex: string
 }
 
-const decodePredicate = (d: Decoder, loc: Loc, node: unknown): RawPredicate => {
-  let equals = ""
-  let contains = ""
-  let oneOf: ReadonlyArray<string> = []
-  let regex = ""
-  for (const e of decodeStruct(d, loc, node) ?? []) {
-    switch (e.key) {
-      case "equals":
-        equals = decodeString(d, at(loc, e.key), e.value)
-        break
-      case "contains":
-        contains = decodeString(d, at(loc, e.key), e.value)
-        break
-      case "one_of":
-        oneOf = decodeStringList(d, at(loc, e.key), e.value) ?? []
-        break
-      case "regex":
-        regex = decodeString(d, at(loc, e.key), e.value)
-        break
-    }
-  }
-  return { equals, contains, oneOf, regex }
-}
+const noPredicate: RawPredicate = { equals: "", contains: "", oneOf: [], regex: "" }
+
+const decodePredicate = (d: Decoder, loc: Loc, node: unknown): RawPredicate =>
+  decodeFields(d, loc, node, noPredicate, {
+    equals: ["equals", decodeString],
+    contains: ["contains", decodeString],
+    one_of: ["oneOf", decodeStrings],
+    regex: ["regex", decodeString]
+  }) ?? noPredicate
 
 interface RawCondition {
   readonly target: string
@@ -563,88 +587,46 @@ interface RawCondition {
   readonly arguments: ReadonlyArray<readonly [string, RawPredicate]>
 }
 
-const decodeCondition = (d: Decoder, loc: Loc, node: unknown): RawCondition => {
-  let target = ""
-  let targets: ReadonlyArray<string> = []
-  let agentId = ""
-  let agentIds: ReadonlyArray<string> = []
-  let stepKind = ""
+const emptyCondition: RawCondition = { target: "", targets: [], agentId: "", agentIds: [], stepKind: "", arguments: [] }
+
+const decodeArguments = (
+  d: Decoder,
+  loc: Loc,
+  node: unknown
+): ReadonlyArray<readonly [string, RawPredicate]> => {
   const args = new Map<string, RawPredicate>()
-  for (const e of decodeStruct(d, loc, node) ?? []) {
-    const here = at(loc, e.key)
-    switch (e.key) {
-      case "target":
-        target = decodeString(d, here, e.value)
-        break
-      case "targets":
-        targets = decodeStringList(d, here, e.value) ?? []
-        break
-      case "agent_id":
-        agentId = decodeString(d, here, e.value)
-        break
-      case "agent_ids":
-        agentIds = decodeStringList(d, here, e.value) ?? []
-        break
-      case "step_kind":
-        stepKind = decodeString(d, here, e.value)
-        break
-      case "arguments":
-        for (const arg of decodeStruct(d, here, e.value) ?? []) {
-          args.set(arg.key, decodePredicate(d, at(here, arg.key), arg.value))
-        }
-        break
-    }
-  }
-  return { target, targets, agentId, agentIds, stepKind, arguments: [...args] }
+  for (const arg of decodeStruct(d, loc, node) ?? []) args.set(arg.key, decodePredicate(d, at(loc, arg.key), arg.value))
+  return [...args]
 }
 
-const decodeApproval = (d: Decoder, loc: Loc, node: unknown): ApprovalConfig => {
-  let approvers: ReadonlyArray<string> | null = null
-  let timeoutMs = 0
-  let message = ""
-  for (const e of decodeStruct(d, loc, node) ?? []) {
-    const here = at(loc, e.key)
-    switch (e.key) {
-      case "approvers":
-        approvers = decodeStringList(d, here, e.value)
-        break
-      case "timeout":
-        timeoutMs = decodeDuration(d, here, e.value)
-        break
-      case "message":
-        message = decodeString(d, here, e.value)
-        break
-    }
-  }
-  return { approvers, timeoutMs, message }
-}
+const decodeCondition = (d: Decoder, loc: Loc, node: unknown): RawCondition =>
+  decodeFields(d, loc, node, emptyCondition, {
+    target: ["target", decodeString],
+    targets: ["targets", decodeStrings],
+    agent_id: ["agentId", decodeString],
+    agent_ids: ["agentIds", decodeStrings],
+    step_kind: ["stepKind", decodeString],
+    arguments: ["arguments", decodeArguments]
+  }) ?? emptyCondition
 
-const decodeRateLimit = (d: Decoder, loc: Loc, node: unknown): RateLimit | undefined => {
-  const entries = decodeStruct(d, loc, node)
-  if (entries === undefined) return undefined
-  let maxCalls = 0
-  let windowMs = 0
-  let perWhat = ""
-  let onLimiterError = ""
-  for (const e of entries) {
-    const here = at(loc, e.key)
-    switch (e.key) {
-      case "max_calls":
-        maxCalls = decodeInt(d, here, e.value)
-        break
-      case "window":
-        windowMs = decodeDuration(d, here, e.value)
-        break
-      case "per_what":
-        perWhat = decodeString(d, here, e.value)
-        break
-      case "on_limiter_error":
-        onLimiterError = decodeString(d, here, e.value)
-        break
-    }
-  }
-  return { maxCalls, windowMs, perWhat, onLimiterError }
-}
+const noApproval: ApprovalConfig = { approvers: null, timeoutMs: 0, message: "" }
+
+const decodeApproval = (d: Decoder, loc: Loc, node: unknown): ApprovalConfig =>
+  decodeFields(d, loc, node, noApproval, {
+    approvers: ["approvers", decodeStringList],
+    timeout: ["timeoutMs", decodeDuration],
+    message: ["message", decodeString]
+  }) ?? noApproval
+
+const noRateLimit: RateLimit = { maxCalls: 0, windowMs: 0, perWhat: "", onLimiterError: "" }
+
+const decodeRateLimit = (d: Decoder, loc: Loc, node: unknown): RateLimit | undefined =>
+  decodeFields(d, loc, node, noRateLimit, {
+    max_calls: ["maxCalls", decodeInt],
+    window: ["windowMs", decodeDuration],
+    per_what: ["perWhat", decodeString],
+    on_limiter_error: ["onLimiterError", decodeString]
+  })
 
 interface RawOutcome {
   readonly decision: string
@@ -653,32 +635,15 @@ interface RawOutcome {
   readonly rateLimit: RateLimit | undefined
 }
 
-const noApproval: ApprovalConfig = { approvers: null, timeoutMs: 0, message: "" }
+const emptyOutcome: RawOutcome = { decision: "", reason: "", approval: noApproval, rateLimit: undefined }
 
-const decodeOutcome = (d: Decoder, loc: Loc, node: unknown): RawOutcome => {
-  let decision = ""
-  let reason = ""
-  let approval = noApproval
-  let rateLimit: RateLimit | undefined = undefined
-  for (const e of decodeStruct(d, loc, node) ?? []) {
-    const here = at(loc, e.key)
-    switch (e.key) {
-      case "decision":
-        decision = decodeString(d, here, e.value)
-        break
-      case "reason":
-        reason = decodeString(d, here, e.value)
-        break
-      case "approval_config":
-        approval = decodeApproval(d, here, e.value)
-        break
-      case "rate_limit":
-        rateLimit = decodeRateLimit(d, here, e.value)
-        break
-    }
-  }
-  return { decision, reason, approval, rateLimit }
-}
+const decodeOutcome = (d: Decoder, loc: Loc, node: unknown): RawOutcome =>
+  decodeFields(d, loc, node, emptyOutcome, {
+    decision: ["decision", decodeString],
+    reason: ["reason", decodeString],
+    approval_config: ["approval", decodeApproval],
+    rate_limit: ["rateLimit", decodeRateLimit]
+  }) ?? emptyOutcome
 
 interface RawRule {
   readonly id: string
@@ -687,8 +652,7 @@ interface RawRule {
   readonly then: RawOutcome
 }
 
-const emptyCondition: RawCondition = { target: "", targets: [], agentId: "", agentIds: [], stepKind: "", arguments: [] }
-const emptyOutcome: RawOutcome = { decision: "", reason: "", approval: noApproval, rateLimit: undefined }
+const emptyRule: RawRule = { id: "", priority: 0, when: emptyCondition, then: emptyOutcome }
 
 const decodeRule = (d: Decoder, index: number, node: unknown): RawRule | undefined => {
   const fallback: Loc = { label: `rules[${index}]`, path: "" }
@@ -706,28 +670,12 @@ const decodeRule = (d: Decoder, index: number, node: unknown): RawRule | undefin
     const idView = view({ ...d, errors: [] }, fallback, idEntry.value)
     if (idView.kind === "scalar" && idView.text !== "") loc = { label: `rule ${GoFormat.quote(idView.text)}`, path: "" }
   }
-  let id = ""
-  let priority = 0
-  let when = emptyCondition
-  let then = emptyOutcome
-  for (const e of entries) {
-    const here = at(loc, e.key)
-    switch (e.key) {
-      case "id":
-        id = decodeString(d, here, e.value)
-        break
-      case "priority":
-        priority = decodeInt(d, here, e.value)
-        break
-      case "when":
-        when = decodeCondition(d, here, e.value)
-        break
-      case "then":
-        then = decodeOutcome(d, here, e.value)
-        break
-    }
-  }
-  return { id, priority, when, then }
+  return fieldsFrom(d, loc, entries, emptyRule, {
+    id: ["id", decodeString],
+    priority: ["priority", decodeInt],
+    when: ["when", decodeCondition],
+    then: ["then", decodeOutcome]
+  })
 }
 
 interface RawBundle {
