@@ -83,11 +83,11 @@ let stringClean = false
 let chunks: Array<string> | undefined
 let segStart = 0
 
-const begin = (text: string): void => {
+const begin = (text: string, compacting: boolean): void => {
   src = text
   len = text.length
   pos = 0
-  chunks = undefined
+  chunks = compacting ? [] : undefined
   segStart = 0
 }
 
@@ -154,6 +154,59 @@ const scanLiteral = (word: string): boolean => {
     return true
   }
   return false
+}
+
+/**
+ * The items of the array or object whose opening bracket is at `pos`, through
+ * its closing one (`close`): `item` reads the item at `pos` (for an object, a
+ * whole member) and whitespace around items is skipped here. False when the
+ * text is not a well-formed container.
+ */
+const scanItems = (close: number, item: (index: number) => boolean): boolean => {
+  pos++
+  skipWs()
+  if (src.charCodeAt(pos) === close) {
+    pos++
+    return true
+  }
+  for (let index = 0;; index++) {
+    if (!item(index)) return false
+    skipWs()
+    const d = src.charCodeAt(pos)
+    pos++
+    if (d === close) return true
+    if (d !== 0x2c) return false
+    skipWs()
+  }
+}
+
+/** The `:` after an object key, with the whitespace around it. */
+const scanColon = (): boolean => {
+  skipWs()
+  if (src.charCodeAt(pos) !== 0x3a) return false
+  pos++
+  skipWs()
+  return true
+}
+
+/**
+ * Reads `text` as exactly one value (whitespace around it allowed): `read`
+ * scans it from `pos`, `result` is the answer once all of `text` was consumed.
+ * `compacting` records whitespace cuts for `compact`.
+ */
+const whole = <A>(text: string, read: () => boolean, result: () => A, compacting = false): A | undefined => {
+  begin(text, compacting)
+  try {
+    skipWs()
+    if (pos >= len || !read()) return undefined
+    skipWs()
+    return pos === len ? result() : undefined
+  } catch {
+    // Only a stack overflow on pathologically deep input can land here.
+    return undefined
+  } finally {
+    end()
+  }
 }
 
 const hexValue = (c: number): number => {
@@ -354,47 +407,14 @@ const walkString = (): boolean => {
 const walkValue = (depth: number): boolean => {
   const c = src.charCodeAt(pos)
   switch (c) {
-    case 0x7b: { // {
-      if (depth >= MAX_DEPTH) return false
-      pos++
-      skipWs()
-      if (src.charCodeAt(pos) === 0x7d) {
-        pos++
-        return true
-      }
-      for (;;) {
-        if (src.charCodeAt(pos) !== 0x22 || !walkString()) return false
-        skipWs()
-        if (src.charCodeAt(pos) !== 0x3a) return false
-        pos++
-        skipWs()
-        if (!walkValue(depth + 1)) return false
-        skipWs()
-        const d = src.charCodeAt(pos)
-        pos++
-        if (d === 0x7d) return true
-        if (d !== 0x2c) return false
-        skipWs()
-      }
-    }
-    case 0x5b: { // [
-      if (depth >= MAX_DEPTH) return false
-      pos++
-      skipWs()
-      if (src.charCodeAt(pos) === 0x5d) {
-        pos++
-        return true
-      }
-      for (;;) {
-        if (!walkValue(depth + 1)) return false
-        skipWs()
-        const d = src.charCodeAt(pos)
-        pos++
-        if (d === 0x5d) return true
-        if (d !== 0x2c) return false
-        skipWs()
-      }
-    }
+    case 0x7b: // {
+      return depth < MAX_DEPTH &&
+        scanItems(
+          0x7d,
+          () => src.charCodeAt(pos) === 0x22 && walkString() && scanColon() && walkValue(depth + 1)
+        )
+    case 0x5b: // [
+      return depth < MAX_DEPTH && scanItems(0x5d, () => walkValue(depth + 1))
     case 0x22:
       return walkString()
     case 0x74:
@@ -527,34 +547,21 @@ const canonValue = (depth: number): string | undefined => {
   switch (c) {
     case 0x7b: { // {
       if (depth >= MAX_DEPTH) return undefined
-      pos++
-      skipWs()
-      if (src.charCodeAt(pos) === 0x7d) {
-        pos++
-        return "{}"
-      }
       const members = new Map<string, string>()
-      for (;;) {
-        if (src.charCodeAt(pos) !== 0x22) return undefined
+      const ok = scanItems(0x7d, () => {
+        if (src.charCodeAt(pos) !== 0x22) return false
         const keyStart = pos
         const key = readString()
-        if (key === undefined) return undefined
+        if (key === undefined) return false
         const quotedKey = stringClean ? src.slice(keyStart, pos) : quoteString(key)
-        skipWs()
-        if (src.charCodeAt(pos) !== 0x3a) return undefined
-        pos++
-        skipWs()
+        if (!scanColon()) return false
         const value = canonValue(depth + 1)
-        if (value === undefined) return undefined
+        if (value === undefined) return false
         members.set(key, quotedKey + ":" + value)
-        skipWs()
-        const d = src.charCodeAt(pos)
-        pos++
-        if (d === 0x7d) break
-        if (d !== 0x2c) return undefined
-        skipWs()
-      }
-      if (members.size === 1) return "{" + members.values().next().value + "}"
+        return true
+      })
+      if (!ok) return undefined
+      if (members.size <= 1) return members.size === 0 ? "{}" : "{" + members.values().next().value + "}"
       const keys = Array.from(members.keys()).sort(compareCodePoints)
       let out = "{"
       for (let i = 0; i < keys.length; i++) {
@@ -565,25 +572,14 @@ const canonValue = (depth: number): string | undefined => {
     }
     case 0x5b: { // [
       if (depth >= MAX_DEPTH) return undefined
-      pos++
-      skipWs()
-      if (src.charCodeAt(pos) === 0x5d) {
-        pos++
-        return "[]"
-      }
       let out = "["
-      for (;;) {
+      const ok = scanItems(0x5d, (index) => {
         const value = canonValue(depth + 1)
-        if (value === undefined) return undefined
-        out += value
-        skipWs()
-        const d = src.charCodeAt(pos)
-        pos++
-        if (d === 0x5d) return out + "]"
-        if (d !== 0x2c) return undefined
-        out += ","
-        skipWs()
-      }
+        if (value === undefined) return false
+        out += index === 0 ? value : "," + value
+        return true
+      })
+      return ok ? out + "]" : undefined
     }
     case 0x22:
       return canonString()
@@ -615,20 +611,8 @@ const canonValue = (depth: number): string | undefined => {
  * @category canonical
  */
 export const canonicalize = (raw: string): string | undefined => {
-  begin(raw)
-  try {
-    skipWs()
-    if (pos >= len) return undefined
-    const out = canonValue(0)
-    if (out === undefined) return undefined
-    skipWs()
-    return pos === len ? out : undefined
-  } catch {
-    // Only a stack overflow on pathologically deep input can land here.
-    return undefined
-  } finally {
-    end()
-  }
+  let out: string | undefined
+  return whole(raw, () => (out = canonValue(0)) !== undefined, () => out!)
 }
 
 // ---------------------------------------------------------------------------
@@ -650,24 +634,12 @@ export const canonicalize = (raw: string): string | undefined => {
  * @since 0.1.0
  * @category echo
  */
-export const compact = (raw: string): string | undefined => {
-  begin(raw)
-  chunks = []
-  try {
-    skipWs()
-    if (pos >= len) return undefined
-    if (!walkValue(0)) return undefined
-    skipWs()
-    if (pos !== len) return undefined
-    if (segStart === 0 && chunks.length === 0) return raw
-    if (segStart < len) chunks.push(raw.slice(segStart, len))
-    return chunks.length === 1 ? chunks[0]! : chunks.join("")
-  } catch {
-    return undefined
-  } finally {
-    end()
-  }
-}
+export const compact = (raw: string): string | undefined =>
+  whole(raw, () => walkValue(0), () => {
+    if (segStart === 0 && chunks!.length === 0) return raw
+    if (segStart < len) chunks!.push(raw.slice(segStart, len))
+    return chunks!.length === 1 ? chunks![0]! : chunks!.join("")
+  }, true)
 
 // ---------------------------------------------------------------------------
 // Strict top-level object decoding (2.3)
@@ -691,42 +663,22 @@ export const compact = (raw: string): string | undefined => {
  * @category decoding
  */
 export const parseObjectMembers = (text: string): ReadonlyMap<string, string> | undefined => {
-  begin(text)
-  try {
-    skipWs()
-    if (src.charCodeAt(pos) !== 0x7b) return undefined
-    pos++
-    const members = new Map<string, string>()
-    skipWs()
-    if (src.charCodeAt(pos) === 0x7d) {
-      pos++
-    } else {
-      for (;;) {
-        if (src.charCodeAt(pos) !== 0x22) return undefined
+  const members = new Map<string, string>()
+  return whole(
+    text,
+    () =>
+      src.charCodeAt(pos) === 0x7b &&
+      scanItems(0x7d, () => {
+        if (src.charCodeAt(pos) !== 0x22) return false
         const key = readString()
-        if (key === undefined) return undefined
-        skipWs()
-        if (src.charCodeAt(pos) !== 0x3a) return undefined
-        pos++
-        skipWs()
+        if (key === undefined || !scanColon()) return false
         const valueStart = pos
-        if (!walkValue(1)) return undefined
+        if (!walkValue(1)) return false
         members.set(key, src.slice(valueStart, pos))
-        skipWs()
-        const d = src.charCodeAt(pos)
-        pos++
-        if (d === 0x7d) break
-        if (d !== 0x2c) return undefined
-        skipWs()
-      }
-    }
-    skipWs()
-    return pos === len ? members : undefined
-  } catch {
-    return undefined
-  } finally {
-    end()
-  }
+        return true
+      }),
+    () => members
+  )
 }
 
 /**
@@ -742,17 +694,8 @@ export const parseObjectMembers = (text: string): ReadonlyMap<string, string> | 
  * @category decoding
  */
 export const parseString = (raw: string): string | undefined => {
-  begin(raw)
-  try {
-    skipWs()
-    if (src.charCodeAt(pos) !== 0x22) return undefined
-    const s = readString()
-    if (s === undefined) return undefined
-    skipWs()
-    return pos === len ? s : undefined
-  } finally {
-    end()
-  }
+  let out: string | undefined
+  return whole(raw, () => src.charCodeAt(pos) === 0x22 && (out = readString()) !== undefined, () => out!)
 }
 
 // ---------------------------------------------------------------------------
