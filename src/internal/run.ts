@@ -159,14 +159,23 @@ export const submit = (
 ): Effect.Effect<Admission, StepError> => {
   const prepared = prepare(submission)
   if (prepared instanceof InvalidArguments) return Effect.fail(prepared)
-  return Effect.matchEffect(
-    callKernel(execution, (kernel) => kernel.submitStep(execution.caller, execution.executionId, prepared)),
-    {
-      onFailure: (e) => submitFailed(execution, submission.target, e),
-      onSuccess: (decision) => admit(execution, submission.target, decision)
-    }
+  return submitted(
+    execution,
+    submission.target,
+    callKernel(execution, (kernel) => kernel.submitStep(execution.caller, execution.executionId, prepared))
   )
 }
+
+/** The admission a submit call ends in. */
+const submitted = (
+  execution: Execution.Service,
+  target: string,
+  call: Effect.Effect<Protocol.StepDecision, SubmitError>
+): Effect.Effect<Admission, StepError> =>
+  Effect.matchEffect(call, {
+    onFailure: (e) => submitFailed(execution, target, e),
+    onSuccess: (decision) => admit(execution, target, decision)
+  })
 
 /**
  * Map a submit decision to an admission or a typed error (table 7.2).
@@ -467,12 +476,10 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
       ? Either.left(new LeaseSuperseded())
       : inProcess.steps.submitStep(InProcess.nowOf(fiber), execution.caller, execution.executionId, prepared)
     if (!Either.isEither(answer)) {
-      return Effect.matchEffect(answer, {
-        onFailure: (e) => submitFailed(execution, submission.target, e),
-        onSuccess: (decision) =>
-          Effect.flatMap(admit(execution, submission.target, decision), (admitted) =>
-            proceedOrReplay(execution, options, submission, admitted))
-      })
+      return Effect.flatMap(
+        submitted(execution, submission.target, answer),
+        (admitted) => proceedOrReplay(execution, options, submission, admitted)
+      )
     }
     if (Either.isLeft(answer)) return submitFailed(execution, submission.target, answer.left)
     const admitted = admission(execution, submission.target, answer.right)
