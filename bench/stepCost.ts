@@ -26,25 +26,21 @@ const DISPATCH_ID = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a60"
 const SUBMIT_BODY = "{\"kind\":\"tool_call\",\"target\":\"noop\",\"args\":{},\"idempotency\":\"safe_to_retry\"}"
 const COMPLETE_BODY = "{\"result\":{\"ok\":true}}"
 
+/** The headers of a step call with `body`, signed per request with node:crypto (bare and floor sides). */
+const signedHeaders = (body: string | Uint8Array): Record<string, string> => ({
+  "content-type": "application/json",
+  "rebuno-agent-id": AGENT_ID,
+  "rebuno-signature": "sha256=" + createHmac("sha256", SECRET).update(body).digest("hex"),
+  "rebuno-dispatch-id": DISPATCH_ID,
+  "rebuno-dispatch-attempt": "1"
+})
+
 /** The bare baseline: the same requests with undici's Agent, signed per request with node:crypto. */
 const makeBare = (baseUrl: string) => {
   const dispatcher = new Undici.Agent({ keepAliveTimeout: 60_000 })
   const origin = new URL(baseUrl).origin
   const post = async (path: string, body: string): Promise<unknown> => {
-    const signature = "sha256=" + createHmac("sha256", SECRET).update(body).digest("hex")
-    const response = await dispatcher.request({
-      origin,
-      path,
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        "rebuno-agent-id": AGENT_ID,
-        "rebuno-signature": signature,
-        "rebuno-dispatch-id": DISPATCH_ID,
-        "rebuno-dispatch-attempt": "1"
-      },
-      body
-    })
+    const response = await dispatcher.request({ origin, path, method: "POST", headers: signedHeaders(body), body })
     const text = await response.body.text()
     if (response.statusCode >= 300) throw new Error(`bare: status ${response.statusCode}`)
     return JSON.parse(text)
@@ -85,15 +81,8 @@ const makeFloor = (baseUrl: string) => {
     runtime.runPromise(Effect.gen(function*() {
       const client = yield* HttpClient.HttpClient
       const post = (path: string, body: Uint8Array) => {
-        const signature = "sha256=" + createHmac("sha256", SECRET).update(body).digest("hex")
         const request = HttpClientRequest.post(baseUrl + path, {
-          headers: {
-            "content-type": "application/json",
-            "rebuno-agent-id": AGENT_ID,
-            "rebuno-signature": signature,
-            "rebuno-dispatch-id": DISPATCH_ID,
-            "rebuno-dispatch-attempt": "1"
-          },
+          headers: signedHeaders(body),
           body: HttpBody.uint8Array(body, "application/json")
         })
         return Effect.flatMap(client.execute(request), (response) =>
