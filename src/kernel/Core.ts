@@ -486,13 +486,8 @@ interface DispatchState {
   lockedAtMs: number | undefined
   /** The lease timeout group the dispatch is in while `in_flight`. */
   leaseTimeoutMs: number
-  /** Occurrence counters (8.4). */
+  /** Occurrence counters (8.4) and the cursor in the execution's step order. */
   readonly counters: Counters
-  /**
-   * Where the dispatch's next submission is expected in the execution's step
-   * order: a run that replays submits its recorded steps again, in order.
-   */
-  cursor: number
   /** Bumped whenever the dispatch is (re)scheduled or leaves the claimable set. */
   version: number
 }
@@ -541,15 +536,15 @@ class StepState {
     /** The text as first submitted (the same string when already compact). */
     readonly submittedArgsRaw: string | undefined,
     /** Index in the execution's step order. */
-    readonly position: number,
-    public status: StepStatus,
-    public errorRaw: string | undefined,
-    public startedAtMs: number | undefined,
-    public completedAtMs: number | undefined
+    readonly position: number
   ) {}
+  status: StepStatus = "proposed"
   resultRaw: string | undefined = undefined
+  errorRaw: string | undefined = undefined
+  startedAtMs: number | undefined = undefined
+  completedAtMs: number | undefined = undefined
 
-  /** A new status and outcome. */
+  /** Its status and outcome from now on. */
   set(
     status: StepStatus,
     resultRaw: string | undefined,
@@ -806,7 +801,6 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       lockedAtMs: undefined,
       leaseTimeoutMs: settings.leaseTimeoutMs,
       counters: new Counters(),
-      cursor: 0,
       version: 0
     }
     dispatchesById.set(d.id, d)
@@ -822,10 +816,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     d.lockedAtMs = undefined
     d.version++
     // A v0.14.0 kernel keeps counting on a retired dispatch (17.A); keep its counters there.
-    if (!compatMode()) {
-      d.counters.clear()
-      d.cursor = 0
-    }
+    if (!compatMode()) d.counters.clear()
   }
 
   const release = (ex: ExecState): void => {
@@ -1016,7 +1007,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
   const addStep = (ex: ExecState, d: DispatchState, step: StepState): void => {
     ex.steps.set(step.stepId, step)
     ex.order.push(step)
-    d.cursor = ex.order.length
+    d.counters.cursor = ex.order.length
   }
 
   /** 7.4: answer for an existing step. */
@@ -1081,7 +1072,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     // A run that replays submits its recorded steps again, in order: when this
     // submission is the expected step's text again, that step's hash (and, at the
     // same occurrence, its id) is this one's, and nothing needs hashing.
-    const expected = ex.order[d.cursor]
+    const expected = ex.order[d.counters.cursor]
     const same = expected !== undefined && expected.submittedArgsRaw === s.argsRaw && expected.kind === s.kind &&
       expected.target === s.target
     const argsHash = same ? expected.argsHash : StepId.argsHash(s.argsRaw)
@@ -1095,7 +1086,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     if (existing !== undefined) {
       const decision = replayExisting(ex, existing, idempotency, now)
       counter.last = occurrence
-      d.cursor = existing.position + 1
+      d.counters.cursor = existing.position + 1
       return decision
     }
     if (ex.record.status === "blocked") return EXECUTION_BLOCKED
@@ -1135,11 +1126,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       idempotency,
       argsRaw,
       s.argsRaw,
-      ex.order.length,
-      "proposed",
-      undefined,
-      undefined,
-      undefined
+      ex.order.length
     )
     let decision: Decision
     switch (result.decision) {
@@ -1281,7 +1268,6 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
       const ex = executions.get(d.executionId)
       const agent = ex === undefined ? undefined : agents.get(ex.record.agentId)
       d.counters.clear()
-      d.cursor = 0
       d.attempt += 1
       d.status = "in_flight"
       d.lockedAtMs = now

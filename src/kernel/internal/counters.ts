@@ -1,6 +1,7 @@
 /**
  * A dispatch's occurrence counters (PROTOCOL 8.4): for each `(kind, target,
- * args hash)` submitted during the dispatch, the last occurrence it consumed.
+ * args hash)` submitted during the dispatch, the last occurrence it consumed;
+ * and the dispatch's cursor in the execution's step order.
  *
  * Keyed by the args hash (a string the step record keeps anyway), with the
  * rare `(kind, target)` pairs that share one hash chained behind it: no key
@@ -32,6 +33,11 @@ export interface Counter {
  */
 export class Counters {
   private readonly byHash = new Map<string, Counter>()
+  /**
+   * Where the dispatch's next submission is expected in the execution's step
+   * order: a run that replays submits its recorded steps again, in order.
+   */
+  cursor = 0
 
   /** The counter of `(kind, target, argsHash)`, created (at `-1`) when absent. */
   counter(kind: string, target: string, argsHash: string): Counter {
@@ -46,8 +52,9 @@ export class Counters {
     return created
   }
 
-  /** Forget every counter (a new attempt counts from zero). */
+  /** Forget every counter and rewind the cursor (a new attempt counts from zero). */
   clear(): void {
     this.byHash.clear()
+    this.cursor = 0
   }
 }
