@@ -19,7 +19,8 @@
  *
  * @since 0.1.0
  */
-import { Deferred, Effect, Schema, TestClock, TestContext } from "effect"
+import { Deferred, Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import * as Kernel from "../src/kernel/index.js"
 import { Agent, Tool } from "../src/index.js"
 import type { KernelClient } from "../src/index.js"
@@ -104,7 +105,7 @@ const concurrent = (options: BenchOptions) =>
     let late = 0
     let maxGap = 0
     let finished = 0
-    const observe = (client: KernelClient.KernelClient["Type"]): KernelClient.KernelClient["Type"] => ({
+    const observe = (client: KernelClient.KernelClient["Service"]): KernelClient.KernelClient["Service"] => ({
       ...client,
       getExecution: (caller, id) =>
         Effect.suspend(() => {
@@ -221,7 +222,7 @@ const memory = (options: BenchOptions) =>
     // The kit's dispatcher claims 10 per tick: tick until every run is parked in its tool.
     while (parked < inFlight && nowMs() - t0 < 300_000) {
       yield* kernel.tick
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
     }
     const parkedMs = nowMs() - t0
     // One heartbeat round for every run (lease 120 s → a beat every 30 s, on virtual time).
@@ -229,7 +230,7 @@ const memory = (options: BenchOptions) =>
     const before = yield* core.dispatches()
     const lockedBefore = new Map(before.map((d) => [d.id, d.lockedAtMs]))
     yield* TestClock.adjust("30 seconds")
-    for (let i = 0; i < 20; i++) yield* Effect.yieldNow()
+    for (let i = 0; i < 20; i++) yield* Effect.yieldNow
     const after = yield* core.dispatches()
     const renewed = after.filter((d) => d.status === "in_flight" && d.lockedAtMs !== lockedBefore.get(d.id)).length
     yield* Effect.promise(() => sleep(200))
@@ -244,8 +245,8 @@ const memory = (options: BenchOptions) =>
     log(`  memory: ${parked}/${inFlight} parked in ${round(parkedMs / 1000, 1)} s, ${renewed} leases renewed by heartbeats, peak RSS ${mib(peakParked)} MiB`)
     yield* Deferred.succeed(latch, undefined)
     const t1 = nowMs()
-    while (done < inFlight && nowMs() - t1 < 300_000) yield* Effect.yieldNow()
-    for (let i = 0; i < 50; i++) yield* Effect.yieldNow()
+    while (done < inFlight && nowMs() - t1 < 300_000) yield* Effect.yieldNow
+    for (let i = 0; i < 50; i++) yield* Effect.yieldNow
     let completed = 0
     for (const id of ids) if ((yield* Effect.orDie(core.getExecution(id))).status === "completed") completed++
     const peak = rss.peak
@@ -266,7 +267,7 @@ const memory = (options: BenchOptions) =>
       completed_after_release: completed,
       ...(options.quick ? { note: `quick mode: ${inFlight} in flight instead of 10,000` } : {})
     }
-  }).pipe(Effect.provide(TestKernel.layer()), Effect.provide(TestContext.TestContext))
+  }).pipe(Effect.provide(TestKernel.layer()), Effect.provide(TestClock.layer()))
 
 /**
  * The memory check in a fresh child process (so earlier benchmarks do not

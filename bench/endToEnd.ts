@@ -60,7 +60,7 @@ const hello = Agent.make({
     })
 })
 
-type ClientService = Client.Client["Type"]
+type ClientService = Client.Client["Service"]
 
 const isTerminal = (e: Protocol.Execution) => Protocol.isTerminalStatus(e.status)
 

@@ -6,9 +6,9 @@
  *
  * @since 0.1.0
  */
-import { HttpServer } from "@effect/platform"
 import { NodeHttpClient, NodeHttpServer } from "@effect/platform-node"
 import { Context, Effect, Layer } from "effect"
+import { HttpServer } from "effect/http"
 import type { Scope } from "effect"
 import { createServer } from "node:http"
 import { Agent, KernelClient } from "../src/index.js"
@@ -23,7 +23,7 @@ export const serveAgent = <In, A, E>(
     readonly kernelUrl: string
     readonly secret: string
     readonly port?: number | undefined
-    readonly wrap?: ((client: KernelClient.KernelClient["Type"]) => KernelClient.KernelClient["Type"]) | undefined
+    readonly wrap?: ((client: KernelClient.KernelClient["Service"]) => KernelClient.KernelClient["Service"]) | undefined
   }
 ): Effect.Effect<string, never, Scope.Scope> =>
   Effect.gen(function*() {
@@ -35,9 +35,9 @@ export const serveAgent = <In, A, E>(
     ).pipe(Effect.orDie)
     const server = Context.get(serverContext, HttpServer.HttpServer)
     const address = server.address
-    const port = address._tag === "TcpAddress" ? address.port : 0
+    const port = address._tag === "UnixPathAddress" ? 0 : address.port
     // Built in this scope: `Effect.provide(layer)` would close the undici pool as soon as `make` returned.
-    const dispatcher = yield* Layer.build(NodeHttpClient.dispatcherLayer)
+    const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcher)
     const client = yield* KernelClient.makeUndici({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
       Effect.provide(dispatcher),
       Effect.orDie

@@ -9,9 +9,9 @@
  *
  * @since 0.1.0
  */
-import { HttpBody, HttpClient, HttpClientRequest } from "@effect/platform"
 import { NodeHttpClient } from "@effect/platform-node"
 import { Context, Effect, Layer, ManagedRuntime, Schema } from "effect"
+import { HttpBody, HttpClient, HttpClientRequest } from "effect/http"
 import { createHmac } from "node:crypto"
 import * as Undici from "undici"
 import { Agent, KernelClient, Signature, Tool } from "../src/index.js"
@@ -67,7 +67,7 @@ const makeBare = (baseUrl: string) => {
 }
 
 /**
- * The floor of any client built on `@effect/platform`: the same requests
+ * The floor of any client built on `effect/http`: the same requests
  * (bytes, headers, per-request node:crypto signature, JSON parse) through
  * `HttpClient` on `NodeHttpClient.layerUndici`, in an `Effect.gen` loop, with
  * none of the SDK's code.
@@ -100,7 +100,7 @@ const makeFloor = (baseUrl: string) => {
   return { run, close: () => runtime.dispose() }
 }
 
-class RuntimeTag extends Context.Tag("bench/AgentRuntime")<RuntimeTag, Agent.AgentRuntime>() {}
+class RuntimeTag extends Context.Service<RuntimeTag, Agent.AgentRuntime>()("bench/AgentRuntime") {}
 
 /** The SDK side: a real agent runtime whose handler runs `steps` sequential no-op tool steps. */
 const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = true) => {
@@ -120,7 +120,7 @@ const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = 
         elapsed = nowMs() - t0
       })
   })
-  const layer = Layer.scoped(RuntimeTag, Agent.runtime(agent)).pipe(
+  const layer = Layer.effect(RuntimeTag, Agent.runtime(agent)).pipe(
     Layer.provide(
       transport === "undici"
         ? KernelClient.layerUndici({ baseUrl, secret: SECRET })
@@ -144,7 +144,7 @@ const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = 
         const rt = yield* RuntimeTag
         const signature = yield* Signature.sign(SECRET, body)
         const status = yield* rt.handleWebhook({ body: new TextEncoder().encode(body), signature })
-        if (status !== 200) return yield* Effect.dieMessage(`webhook answered ${status}`)
+        if (status !== 200) return yield* Effect.die(new Error(`webhook answered ${status}`))
         yield* rt.awaitIdle
       }).pipe(Effect.withTracerEnabled(tracing))
     )
@@ -215,11 +215,11 @@ const pair = async (
     bare_us_per_step: round(1e6 / bareRate, 1),
     sdk_cpu_us_per_step: round(median(cpu.sdk), 1),
     bare_cpu_us_per_step: round(median(cpu.bare), 1),
-    // The SDK on @effect/platform's HttpClient (KernelClient.layer + NodeHttpClient.layerUndici).
+    // The SDK on effect/http's HttpClient (KernelClient.layer + NodeHttpClient.layerUndici).
     sdk_httpclient_steps_per_s: round(rate("sdk_httpclient")),
     sdk_httpclient_ratio: round(rate("sdk_httpclient") / bareRate, 3),
     sdk_httpclient_cpu_us_per_step: round(median(cpu.sdk_httpclient), 1),
-    // The same requests through @effect/platform's HttpClient with no SDK code: what any HttpClient user pays.
+    // The same requests through effect/http's HttpClient with no SDK code: what any HttpClient user pays.
     platform_floor_steps_per_s: round(rate("floor")),
     platform_floor_ratio: round(rate("floor") / bareRate, 3),
     platform_floor_cpu_us_per_step: round(median(cpu.floor), 1),

@@ -1,6 +1,6 @@
 /**
  * `testkernel`: the in-process test kit (`TestKernel.layer`, direct transport,
- * under `TestContext`). Two figures:
+ * under `TestClock`). Two figures:
  *
  * - steps/s of an agent doing many sequential no-op tool steps, timed inside
  *   the handler (and for the whole create + settle, which also decodes the
@@ -11,7 +11,8 @@
  *
  * @since 0.1.0
  */
-import { Effect, Schema, TestContext } from "effect"
+import { Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { Agent, Tool } from "../src/index.js"
 import { TestKernel } from "../src/testing/index.js"
 import type { BenchOptions, Result } from "./util.js"
@@ -57,14 +58,14 @@ const makeAgents = () => {
 /** A fresh kit (as each `it.effect` test gets) running one agent to completion. */
 const inFreshKit = <A>(
   agents: ReturnType<typeof makeAgents>,
-  use: (kernel: TestKernel.TestKernel["Type"]) => Effect.Effect<A, unknown>
+  use: (kernel: TestKernel.TestKernel["Service"]) => Effect.Effect<A, unknown>
 ): Promise<A> =>
   Effect.runPromise(
     Effect.gen(function*() {
       return yield* use(yield* TestKernel.TestKernel)
     }).pipe(
       Effect.provide(TestKernel.layer({ agents: [agents.many, agents.hundred] })),
-      Effect.provide(TestContext.TestContext),
+      Effect.provide(TestClock.layer()),
       Effect.orDie
     )
   )
@@ -76,13 +77,13 @@ const measure = async (options: BenchOptions): Promise<Result> => {
   const rounds = options.quick ? 5 : 9
   const testRuns = options.quick ? 10 : 30
   log(`testkernel: ${rounds} tests of ${steps} sequential steps (a fresh kit each), then ${testRuns} 100-step tests`)
-  const longRun = (kernel: TestKernel.TestKernel["Type"]) =>
+  const longRun = (kernel: TestKernel.TestKernel["Service"]) =>
     Effect.gen(function*() {
       const t0 = nowMs()
       const result = yield* kernel.run(agents.many, {})
       const t1 = nowMs()
       if (result.status !== "completed" || agents.elapsed() < 0) {
-        return yield* Effect.dieMessage(`testkernel: run ended ${result.status} ${result.failureReason}`)
+        return yield* Effect.die(new Error(`testkernel: run ended ${result.status} ${result.failureReason}`))
       }
       return { inside: (steps * 1000) / agents.elapsed(), whole: (steps * 1000) / (t1 - t0) }
     })
@@ -108,7 +109,7 @@ const measure = async (options: BenchOptions): Promise<Result> => {
         const t0 = nowMs()
         const result = yield* kernel.run(agents.hundred, {})
         times.push(nowMs() - t0)
-        if (result.status !== "completed") return yield* Effect.dieMessage("testkernel: 100-step run failed")
+        if (result.status !== "completed") return yield* Effect.die(new Error("testkernel: 100-step run failed"))
       }
       return times
     }))

@@ -30,7 +30,7 @@ export const runTests = Tool.make("run_tests", {
 /** Staging deploys are allowed; production deploys wait for `alice`. */
 export const deploy = Tool.make("deploy", {
   description: "Deploy a service to an environment.",
-  args: Schema.Struct({ service: Schema.String, environment: Schema.Literal("staging", "production") }),
+  args: Schema.Struct({ service: Schema.String, environment: Schema.Literals(["staging", "production"]) }),
   success: Schema.Struct({ url: Schema.String }),
   idempotency: "at_most_once",
   execute: ({ environment, service }) => Effect.succeed({ url: `https://${service}.${environment}.example.com` })
@@ -61,16 +61,16 @@ export const deployer = Agent.make({
 })
 
 const settings = Effect.gen(function*() {
-  const baseUrl = yield* Config.string("REBUNO_URL").pipe(Config.withDefault("http://localhost:8080"))
-  const secret = yield* Config.redacted("REBUNO_AGENT_SECRET").pipe(
+  const baseUrl = yield* Config.String("REBUNO_URL").pipe(Config.withDefault("http://localhost:8080"))
+  const secret = yield* Config.Redacted("REBUNO_AGENT_SECRET").pipe(
     Config.withDefault(Redacted.make("deployer-secret"))
   )
-  const port = yield* Config.integer("AGENT_PORT").pipe(Config.withDefault(5001))
+  const port = yield* Config.Int("AGENT_PORT").pipe(Config.withDefault(5001))
   return { baseUrl, secret, port }
 })
 
 /** The agent's webhook server and the operator's client, both on the configured kernel. */
-export const DeployerLive = Layer.unwrapEffect(
+export const DeployerLive = Layer.unwrap(
   Effect.map(settings, ({ baseUrl, port, secret }) =>
     Layer.mergeAll(
       Agent.serve(deployer, { port }).pipe(Layer.provide(KernelClient.layerUndici({ baseUrl, secret }))),
@@ -84,7 +84,7 @@ export const operate = Effect.gen(function*() {
   const execution = yield* client.create("deployer", { service: "billing" })
   yield* Console.log(`created execution ${execution.id}`)
   const approval = yield* client.listApprovals().pipe(
-    Effect.flatMap((list) => Effect.fromNullable(list.find((a) => a.executionId === execution.id))),
+    Effect.flatMap((list) => Effect.fromNullishOr(list.find((a) => a.executionId === execution.id))),
     Effect.retry({ schedule: Schedule.spaced("250 millis"), times: 240 })
   )
   yield* Console.log(`approval ${approval.id} pending (approvers: ${approval.approvers.join(", ")}): ${approval.message}`)

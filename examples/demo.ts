@@ -8,9 +8,9 @@
  *      re-running their side effects (the card is charged once);
  *   3. a step held for approval by policy, granted through the client.
  */
-import { HttpServer } from "@effect/platform"
 import { NodeHttpClient, NodeHttpServer, NodeRuntime } from "@effect/platform-node"
-import { Console, Context, Deferred, Effect, ExecutionStrategy, Exit, Layer, Logger, LogLevel, Schema, Scope } from "effect"
+import { Console, Context, Deferred, Effect, Exit, Layer, References, Schema, Scope } from "effect"
+import { HttpServer } from "effect/http"
 import { Agent, Client, Execution, KernelClient, Tool } from "effect-rebuno"
 import * as Kernel from "effect-rebuno/kernel"
 import { readFileSync } from "node:fs"
@@ -36,7 +36,7 @@ const searchFlights = Tool.make("search_flights", {
   args: Schema.Struct({ from: Schema.String, to: Schema.String }),
   success: Schema.Struct({ flight: Schema.String, price: Schema.Number }),
   execute: ({ from, to }) =>
-    Effect.zipRight(
+    Effect.andThen(
       Console.log(`      ${dim("body")} search_flights ${from}→${to}`),
       Effect.succeed({ flight: "RB 042", price: 420 })
     )
@@ -59,7 +59,7 @@ const sendReceipt = Tool.make("send_receipt", {
   success: Schema.Boolean,
   execute: ({ receipt }) =>
     crashNow !== undefined
-      ? Effect.zipRight(Deferred.succeed(crashNow, undefined), Effect.never)
+      ? Effect.andThen(Deferred.succeed(crashNow, undefined), Effect.never)
       : Effect.sync(() => {
         receiptsSent++
         console.log(`      ${dim("body")} send_receipt ${receipt} ✉️`)
@@ -89,7 +89,7 @@ const travel = Agent.make({
 const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: string, secret: string, port = 0) =>
   Effect.gen(function*() {
     // A child of the program's scope: killing it is a crash, and it closes with the program anyway.
-    const scope = yield* Scope.fork(yield* Effect.scope, ExecutionStrategy.sequential)
+    const scope = yield* Scope.fork(yield* Effect.scope, "sequential")
     const context = yield* Layer.buildWithScope(
       Agent.layer(agent).pipe(
         Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" })),
@@ -97,8 +97,8 @@ const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: st
       ),
       scope
     )
-    const address = (yield* HttpServer.HttpServer.pipe(Effect.provide(context))).address
-    const boundPort = address._tag === "TcpAddress" ? address.port : port
+    const address = Context.get(context, HttpServer.HttpServer).address
+    const boundPort = address._tag === "UnixPathAddress" ? port : address.port
     return { port: boundPort, url: `http://127.0.0.1:${boundPort}/webhook`, kill: Scope.close(scope, Exit.void) }
   })
 
@@ -176,7 +176,7 @@ const program = Effect.gen(function*() {
     `    card charged ${bold(String(cardCharges))} time(s), receipt sent ${bold(String(receiptsSent))} time(s): ` +
       `search_flights and charge_card were ${bold("replayed")} from the kernel's record on the second run`
   )
-  if (cardCharges !== 1) return yield* Effect.dieMessage(`expected one charge, saw ${cardCharges}`)
+  if (cardCharges !== 1) return yield* Effect.die(new Error(`expected one charge, saw ${cardCharges}`))
 
   // 3. approval --------------------------------------------------------------
   yield* Console.log(bold("\n3. A step held for approval"))
@@ -186,12 +186,9 @@ const program = Effect.gen(function*() {
   yield* client.loadPolicy("deployer", policy)
   yield* Console.log(`    loaded examples/policies/deployer.yaml: production deploys need alice`)
   const deployed = yield* withClient(operate)
-  if (deployed.status !== "completed") return yield* Effect.dieMessage(`deployer ended ${deployed.status}`)
+  if (deployed.status !== "completed") return yield* Effect.die(new Error(`deployer ended ${deployed.status}`))
 
   yield* Console.log(bold("\nDone."), dim("Next: README.md (API tour, testing guide, production kernel)\n"))
 })
 
-NodeRuntime.runMain(
-  Effect.scoped(program).pipe(Logger.withMinimumLogLevel(LogLevel.Warning)),
-  { disablePrettyLogger: true }
-)
+NodeRuntime.runMain(Effect.scoped(program).pipe(Effect.provideService(References.MinimumLogLevel, "Warn")))

@@ -48,10 +48,10 @@ export const hello = Agent.make({
 })
 
 /** The kernel client, configured like the reference kernel's examples. */
-export const KernelLive = Layer.unwrapEffect(
+export const KernelLive = Layer.unwrap(
   Effect.gen(function*() {
-    const baseUrl = yield* Config.string("REBUNO_URL").pipe(Config.withDefault("http://localhost:8080"))
-    const secret = yield* Config.redacted("REBUNO_AGENT_SECRET").pipe(
+    const baseUrl = yield* Config.String("REBUNO_URL").pipe(Config.withDefault("http://localhost:8080"))
+    const secret = yield* Config.Redacted("REBUNO_AGENT_SECRET").pipe(
       Config.withDefault(Redacted.make("hello-secret"))
     )
     return KernelClient.layerUndici({ baseUrl, secret })
@@ -59,9 +59,9 @@ export const KernelLive = Layer.unwrapEffect(
 )
 
 /** Serve the webhook on `AGENT_PORT` (default 5000). */
-export const HelloLive = Layer.unwrapEffect(
+export const HelloLive = Layer.unwrap(
   Effect.gen(function*() {
-    const port = yield* Config.integer("AGENT_PORT").pipe(Config.withDefault(5000))
+    const port = yield* Config.Int("AGENT_PORT").pipe(Config.withDefault(5000))
     yield* Effect.log(`hello agent listening on :${port}`)
     return Agent.serve(hello, { port })
   })

@@ -7,15 +7,12 @@
  * terminal ones), decode the input, run the handler with the `Execution`
  * context provided, and report the outcome — never for a run that recorded a
  * signal (`Blocked`, `Terminated`, `LeaseSuperseded`, `Abandoned`), even when
- * the handler swallowed it. Serve it with `Agent.serve` (Node HTTP server),
- * mount it with `Agent.toHttpApp`, or use `Agent.toWebHandler` for any
- * `Request → Response` host.
+ * the handler swallowed it. Serve it with `Agent.serve` (Node HTTP server) or
+ * `Agent.layer` (the `HttpServer` in context), mount it with `Agent.toHttpApp`,
+ * or use `Agent.toWebHandler` for any `Request → Response` host.
  *
  * @since 0.1.0
  */
-import { Headers, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import type { HttpApp } from "@effect/platform"
-import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
 import {
   Cause,
@@ -27,10 +24,13 @@ import {
   ManagedRuntime,
   Option,
   Ref,
+  Result,
   Schema,
+  Scope,
   Stream
 } from "effect"
-import { Scope } from "effect"
+import { Headers, HttpBody, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
+import type { HttpServerError } from "effect/http"
 import { createServer } from "node:http"
 import { Execution, fromRunState } from "./Execution.js"
 import { KernelClient } from "./KernelClient.js"
@@ -38,13 +38,13 @@ import type { Caller } from "./KernelClient.js"
 import * as Protocol from "./Protocol.js"
 import { Abandoned, isRunSignal, KernelError, LeaseSuperseded } from "./RebunoError.js"
 import * as Signature from "./Signature.js"
-import { decodeRefusal, failureReason, inputInvalid } from "./internal/failureReason.js"
-import { stringifyStrict } from "./internal/json.js"
-import { issueMessages } from "./internal/run.js"
-import { makeRunState } from "./internal/runtime.js"
-import * as Tracing from "./internal/tracing.js"
-import type { RunState } from "./internal/runtime.js"
-import { isTransportFailure } from "./internal/http.js"
+import { decodeRefusal, failureReason, inputInvalid } from "./internal/run/failureReason.js"
+import { stringifyStrict } from "./internal/wire/json.js"
+import { issueMessages } from "./internal/run/run.js"
+import { makeRunState } from "./internal/run/runtime.js"
+import * as Tracing from "./internal/http/tracing.js"
+import type { RunState } from "./internal/run/runtime.js"
+import { isTransportFailure } from "./internal/http/exchange.js"
 
 /**
  * An agent: its id, its handler and optional schemas for its input and output.
@@ -55,8 +55,10 @@ import { isTransportFailure } from "./internal/http.js"
  */
 export interface Agent<In, A, E, R> {
   readonly id: string
-  readonly inputSchema: Schema.Schema<In, any, R> | undefined
-  readonly outputSchema: Schema.Schema<A, any, R> | undefined
+  /** Decodes the execution's input (its decoding services are part of `R`). */
+  readonly inputSchema: Schema.Decoder<In, R> | undefined
+  /** Encodes the handler's value (its encoding services are part of `R`). */
+  readonly outputSchema: Schema.Codec<A, unknown, unknown, R> | undefined
   readonly handler: (input: In) => Effect.Effect<A, E, R | Execution>
 }
 
@@ -78,17 +80,17 @@ export interface Agent<In, A, E, R> {
  * @since 0.1.0
  * @category constructors
  */
-export const make = <In = unknown, A = void, E = never, R = never, II = In, RI = never, AI = A, RO = never>(
+export const make = <In = unknown, A = void, E = never, R = never, RI = never, RO = never>(
   options: {
     readonly id: string
-    readonly input?: Schema.Schema<In, II, RI> | undefined
-    readonly output?: Schema.Schema<A, AI, RO> | undefined
+    readonly input?: Schema.Decoder<In, RI> | undefined
+    readonly output?: Schema.Codec<A, unknown, unknown, RO> | undefined
     readonly handler: (input: In) => Effect.Effect<A, E, R>
   }
 ): Agent<In, A, E, Exclude<R, Execution> | RI | RO> => ({
   id: options.id,
-  inputSchema: options.input as Schema.Schema<In, any, Exclude<R, Execution> | RI | RO> | undefined,
-  outputSchema: options.output as Schema.Schema<A, any, Exclude<R, Execution> | RI | RO> | undefined,
+  inputSchema: options.input,
+  outputSchema: options.output,
   handler: options.handler as (input: In) => Effect.Effect<A, E, Exclude<R, Execution> | RI | RO | Execution>
 })
 
@@ -210,24 +212,22 @@ export const runtime = <In, A, E, R>(
         const forget = Effect.sync(() => {
           if (active.get(notice.executionId)?.state === state) active.delete(notice.executionId)
         })
+        const runAttributes = Tracing.runAttributes(notice)
         const fiber = yield* FiberMap.run(
           runs,
           notice.executionId,
           // FiberMap.run starts the fiber on the spot: yield first, so that the webhook is
           // answered (and acknowledged) before the run makes its first call.
-          Effect.zipRight(Effect.yieldNow(), runOnce(agent, state, notice)).pipe(
+          Effect.andThen(Effect.yieldNow, runOnce(agent, state, notice)).pipe(
             // Each run owns its scope: its heartbeat stops when the run ends or is interrupted.
             Effect.scoped,
-            Effect.ensuring(Effect.zipRight(state.close, forget)),
-            Effect.catchAllCause((cause) =>
-              Cause.isInterruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
+            Effect.ensuring(Effect.andThen(state.close, forget)),
+            Effect.catchCause((cause) =>
+              interruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
             ),
-            Effect.annotateLogs({
-              "rebuno.execution_id": notice.executionId,
-              "rebuno.dispatch_id": notice.dispatchId,
-              "rebuno.dispatch_attempt": String(notice.dispatchAttempt ?? "unknown")
-            }),
-            Effect.provide(context)
+            Effect.annotateLogs(runAttributes),
+            Effect.annotateSpans(runAttributes),
+            Effect.provideContext(context)
           )
         )
         // A signal that stops the run (lease lost, abandoned, superseded) interrupts this fiber.
@@ -246,10 +246,10 @@ export const runtime = <In, A, E, R>(
 /** The heartbeat fiber of a run (5.8). Only `lease_superseded` stops the run. */
 const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<never> =>
   Effect.sleep(intervalMillis).pipe(
-    Effect.zipRight(
+    Effect.andThen(
       state.client.heartbeat(state.caller, state.executionId).pipe(
-        Effect.catchAll((error) =>
-          error instanceof LeaseSuperseded ?
+        Effect.catch((error) =>
+          error._tag === "LeaseSuperseded" ?
             Effect.flatMap(Ref.get(state.finishing), (finishing) => finishing ? Effect.void : state.raise(error)) :
             Effect.logDebug("heartbeat failed", error)
         )
@@ -266,31 +266,35 @@ const runOnce = <In, A, E, R>(
 ): Effect.Effect<void, never, R> =>
   Effect.gen(function*() {
     yield* Effect.forkScoped(heartbeat(state, heartbeatIntervalMillis(notice.leaseTimeoutSeconds)))
-    const fetched = yield* Effect.either(state.client.getExecution({ agentId: agent.id }, notice.executionId))
-    if (fetched._tag === "Left") {
-      const error = fetched.left
+    const fetched = yield* Effect.result(state.client.getExecution({ agentId: agent.id }, notice.executionId))
+    if (Result.isFailure(fetched)) {
+      const error = fetched.failure
       if (isTransportFailure(error)) {
         yield* state.raise(new Abandoned({ reason: `cannot read the execution: ${error.message}` }))
-      } else if (error instanceof KernelError && error.status === 404) {
+      } else if (error._tag === "KernelError" && error.status === 404) {
         yield* Effect.logWarning("execution not found; run stopped")
-      } else if (!(error instanceof LeaseSuperseded)) {
+      } else if (error._tag !== "LeaseSuperseded") {
         yield* Effect.logWarning("cannot read the execution; run stopped", error)
       }
       return
     }
-    const execution = fetched.right
+    const execution = fetched.success
     if (Protocol.isTerminalStatus(execution.status)) return
     let input: In
     if (agent.inputSchema === undefined) {
       input = execution.input as In
     } else {
-      const decoded = yield* Effect.either(Schema.decodeUnknown(agent.inputSchema, { errors: "all" })(execution.input))
-      if (decoded._tag === "Left") {
+      const decoded = yield* Effect.result(
+        Schema.decodeUnknownEffect(agent.inputSchema, { errors: "all", reportInput: true })(execution.input)
+      )
+      if (Result.isFailure(decoded)) {
         yield* Ref.set(state.finishing, true)
-        yield* post(state.client.failExecution(state.caller, notice.executionId, inputInvalid(issueMessages(decoded.left))))
+        yield* post(
+          state.client.failExecution(state.caller, notice.executionId, inputInvalid(issueMessages(decoded.failure)))
+        )
         return
       }
-      input = decoded.right
+      input = decoded.success
     }
     const service = fromRunState(state, {
       agentId: agent.id,
@@ -306,8 +310,11 @@ const runOnce = <In, A, E, R>(
 
 /** An outcome post: `lease_superseded` means done; other failures are logged. */
 const post = (call: Effect.Effect<void, KernelError | LeaseSuperseded>): Effect.Effect<void> =>
-  Effect.catchAll(call, (error) =>
-    error instanceof LeaseSuperseded ? Effect.void : Effect.logWarning("cannot post the outcome", error))
+  Effect.catch(call, (error) =>
+    error._tag === "LeaseSuperseded" ? Effect.void : Effect.logWarning("cannot post the outcome", error))
+
+/** Interrupted, and nothing else (an empty cause counts: nothing failed). */
+const interruptedOnly = (cause: Cause.Cause<unknown>): boolean => cause.reasons.every(Cause.isInterruptReason)
 
 /** 14.5: map the handler's outcome to a kernel call, applying the suspension backstop. */
 const report = <In, A, E, R>(
@@ -316,9 +323,9 @@ const report = <In, A, E, R>(
   exit: Exit.Exit<A, E>
 ): Effect.Effect<void, never, R> =>
   Effect.gen(function*() {
-    if (Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause)) return
+    if (Exit.isFailure(exit) && interruptedOnly(exit.cause)) return
     if (Exit.isFailure(exit)) {
-      const failure = Cause.failureOption(exit.cause)
+      const failure = Cause.findErrorOption(exit.cause)
       const error: unknown = Option.isSome(failure) ? failure.value : Cause.squash(exit.cause)
       const refusal = isRunSignal(error) ? error : decodeRefusal(error)
       if (refusal !== undefined && isRunSignal(refusal)) yield* state.raise(refusal)
@@ -341,7 +348,7 @@ const encodeOutput = <In, A, E, R>(
   agent: Agent<In, A, E, R>,
   value: A
 ): Effect.Effect<{ readonly _tag: "Ok"; readonly json: string | undefined } | { readonly _tag: "Fail"; readonly reason: string }, never, R> =>
-  (agent.outputSchema === undefined ? Effect.succeed<unknown>(value) : Schema.encode(agent.outputSchema)(value)).pipe(
+  (agent.outputSchema === undefined ? Effect.succeed<unknown>(value) : Schema.encodeEffect(agent.outputSchema)(value)).pipe(
     Effect.map((output) => {
       if (output === undefined) return { _tag: "Ok", json: undefined } as const
       const checked = stringifyStrict(output)
@@ -349,21 +356,36 @@ const encodeOutput = <In, A, E, R>(
         { _tag: "Ok", json: checked.json } as const :
         { _tag: "Fail", reason: `agent_error: TypeError: output is not JSON at ${checked.path}: ${checked.reason}` } as const
     }),
-    Effect.catchAll((error) => Effect.succeed({ _tag: "Fail", reason: failureReason(error) } as const))
+    Effect.catch((error) => Effect.succeed({ _tag: "Fail", reason: failureReason(error) } as const))
   )
 
 /**
- * The webhook handler as an `HttpApp`, to mount on a router
- * (`HttpRouter.post("/webhook", app)`). Building it creates the runtime in the
- * current `Scope`.
+ * A webhook handler: an HTTP effect that reads the current
+ * `HttpServerRequest` and answers it (every answer bodiless, `Content-Length: 0`).
+ *
+ * @since 0.2.0
+ * @category http
+ */
+export type HttpApp = Effect.Effect<HttpServerResponse.HttpServerResponse, never, HttpServerRequest.HttpServerRequest>
+
+/**
+ * The webhook handler as an HTTP effect, to mount on a router. Building it
+ * creates the runtime in the current `Scope`.
+ *
+ * **Example** (Mounting the webhook on an `HttpRouter`)
+ *
+ * ```ts
+ * const WebhookRoute = Layer.unwrap(
+ *   Effect.map(Agent.toHttpApp(researcher), (app) => HttpRouter.add("POST", "/webhook", app))
+ * )
+ * ```
  *
  * @since 0.1.0
  * @category http
  */
 export const toHttpApp = <In, A, E, R>(
   agent: Agent<In, A, E, R>
-): Effect.Effect<HttpApp.Default, never, Scope.Scope | KernelClient | R> =>
-  Effect.map(runtime(agent), httpAppFor)
+): Effect.Effect<HttpApp, never, Scope.Scope | KernelClient | R> => Effect.map(runtime(agent), httpAppFor)
 
 /**
  * The largest webhook body the HTTP adapters read: 1 MiB (a webhook is about
@@ -406,7 +428,7 @@ const readCapped = <E>(
         }
         return out
       }),
-      Effect.catchAllCause(() => Effect.succeed(size > maxWebhookBodyBytes ? "tooLarge" as const : "unreadable" as const))
+      Effect.catchCause(() => Effect.succeed(size > maxWebhookBodyBytes ? "tooLarge" as const : "unreadable" as const))
     )
 }
 
@@ -416,10 +438,24 @@ const bodiless = (status: number): HttpServerResponse.HttpServerResponse =>
 
 const NO_BODY = Headers.fromInput({ "content-length": "0" })
 
-const httpAppFor = (rt: AgentRuntime): HttpApp.Default =>
+/**
+ * The `413` of a declared oversized body, which is left unread: bodiless and
+ * framed by `Content-Length: 0` like every answer, but carried as an empty
+ * stream. On Node, `@effect/platform-node` 4 adds `connection: close` to a
+ * bodiless answer that leaves more than 256 KiB of the request body unread; a
+ * streamed one keeps the headers every webhook answer has
+ * (`Connection: keep-alive`). The body has no content type, so none is sent.
+ */
+const tooLargeUnread = (): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.setBody(
+    bodiless(413),
+    new HttpBody.Stream(Stream.empty, undefined as unknown as string, 0)
+  )
+
+const httpAppFor = (rt: AgentRuntime): HttpApp =>
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
-    if (declaredTooLarge(request.headers["content-length"])) return bodiless(413)
+    if (declaredTooLarge(request.headers["content-length"])) return tooLargeUnread()
     const body = yield* readCapped(request.stream)
     if (body === "tooLarge") return bodiless(413)
     if (body === "unreadable") return bodiless(401)
@@ -449,7 +485,7 @@ export const layer = <In, A, E, R>(
   agent: Agent<In, A, E, R>,
   options?: ServeOptions
 ): Layer.Layer<never, never, HttpServer.HttpServer | KernelClient | R> =>
-  Layer.scopedDiscard(
+  Layer.effectDiscard(
     Effect.gen(function*() {
       const path = options?.path ?? "/webhook"
       const app = yield* toHttpApp(agent)
@@ -480,12 +516,14 @@ export const layer = <In, A, E, R>(
 export const serve = <In, A, E, R>(
   agent: Agent<In, A, E, R>,
   options: ServeOptions & { readonly port: number; readonly host?: string | undefined }
-): Layer.Layer<never, ServeError, KernelClient | R> =>
+): Layer.Layer<never, HttpServerError.ServeError, KernelClient | R> =>
   layer(agent, options).pipe(
-    Layer.provide(NodeHttpServer.layer(() => createServer(), { port: options.port, host: options.host ?? "0.0.0.0" }))
+    Layer.provide(
+      NodeHttpServer.layerServer(() => createServer(), { port: options.port, host: options.host ?? "0.0.0.0" })
+    )
   )
 
-class RuntimeTag extends Context.Tag("effect-rebuno/Agent/Runtime")<RuntimeTag, AgentRuntime>() {}
+class RuntimeTag extends Context.Service<RuntimeTag, AgentRuntime>()("effect-rebuno/Agent/Runtime") {}
 
 /**
  * A Web-standard `Request → Promise<Response>` webhook handler for any host
@@ -503,7 +541,7 @@ export const toWebHandler = <In, A, E, R, LE>(
   readonly handler: (request: Request) => Promise<Response>
   readonly dispose: () => Promise<void>
 } => {
-  const managed = ManagedRuntime.make(Layer.provide(Layer.scoped(RuntimeTag, runtime(agent)), layer))
+  const managed = ManagedRuntime.make(Layer.provide(Layer.effect(RuntimeTag, runtime(agent)), layer))
   const handler = (request: Request): Promise<Response> => {
     if (declaredTooLarge(request.headers.get("content-length"))) {
       return request.body === null
@@ -523,7 +561,7 @@ export const toWebHandler = <In, A, E, R, LE>(
         : body === "unreadable"
         ? new Response(null, { status: 401 })
         : managed.runPromise(
-          Effect.flatMap(RuntimeTag, (rt) => rt.handleWebhook({ body, signature: request.headers.get("rebuno-signature") }))
+          RuntimeTag.use((rt) => rt.handleWebhook({ body, signature: request.headers.get("rebuno-signature") }))
         ).then(
           (status) => new Response(null, { status }),
           () => new Response(null, { status: 500 })

@@ -15,28 +15,19 @@
  * status.
  *
  * ```ts
- * Client.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * import { NodeHttpClient } from "@effect/platform-node"
+ * import { Layer } from "effect"
+ * import { Client } from "effect-rebuno"
+ *
+ * const ClientLive = Client.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
  * ```
  *
  * @since 0.1.0
  */
-import { HttpBody, HttpClient, HttpClientRequest, HttpClientResponse } from "@effect/platform"
-import {
-  Chunk,
-  Config,
-  ConfigError,
-  Context,
-  Duration,
-  Effect,
-  Either,
-  Layer,
-  Option,
-  Redacted,
-  Schema,
-  Stream
-} from "effect"
-import * as Http from "./internal/http.js"
-import { stringifyStrict } from "./internal/json.js"
+import { Config, ConfigProvider, Context, Duration, Effect, Layer, Option, Redacted, Result, Schema, Stream } from "effect"
+import { HttpBody, HttpClient, HttpClientRequest } from "effect/http"
+import * as Http from "./internal/http/exchange.js"
+import { stringifyStrict } from "./internal/wire/json.js"
 import * as Protocol from "./Protocol.js"
 import { InvalidArguments, KernelError } from "./RebunoError.js"
 
@@ -78,7 +69,7 @@ export interface EventsOptions {
  */
 export interface FollowOptions extends EventsOptions {
   /** How long to wait between polls once caught up (default 500 ms, on Effect's clock). */
-  readonly pollInterval?: Duration.DurationInput | undefined
+  readonly pollInterval?: Duration.Input | undefined
 }
 
 /**
@@ -183,9 +174,9 @@ export declare namespace Client {
  * The client service.
  *
  * @since 0.1.0
- * @category tags
+ * @category services
  */
-export class Client extends Context.Tag("effect-rebuno/Client")<Client, Client.Service>() {}
+export class Client extends Context.Service<Client, Client.Service>()("effect-rebuno/Client") {}
 
 /**
  * Options of the HTTP client.
@@ -199,9 +190,21 @@ export interface Options {
   /** API key sent as `Authorization: Bearer <apiKey>`; no header when absent. */
   readonly apiKey?: Redacted.Redacted<string> | string | undefined
   /** Per-request timeout (default 35 seconds; for `deltas`, the wait for the response headers). */
-  readonly timeout?: Duration.DurationInput | undefined
+  readonly timeout?: Duration.Input | undefined
   /** Customise the HTTP client (tracing, proxies, logging). */
   readonly transformClient?: ((client: HttpClient.HttpClient) => HttpClient.HttpClient) | undefined
+}
+
+/**
+ * The settings {@link layerConfig} reads with `Config`: the base URL and the
+ * optional API key.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Settings {
+  readonly baseUrl: string
+  readonly apiKey: Redacted.Redacted<string> | undefined
 }
 
 /**
@@ -233,7 +236,7 @@ const decodeApprovals = Http.jsonDecoder(Protocol.NullableList(Protocol.Approval
 const decodeApproval = Http.jsonDecoder(Protocol.Approval)
 const decodeAgents = Http.jsonDecoder(Protocol.NullableList(Protocol.Agent))
 const decodeAgent = Http.jsonDecoder(Protocol.Agent)
-const decodeLiveDelta = Schema.decodeUnknownEither(Protocol.LiveDelta)
+const decodeLiveDelta = Schema.decodeUnknownResult(Protocol.LiveDelta)
 
 const DEFAULT_EVENTS_PAGE = 100
 const MAX_EVENTS_PAGE = 1000
@@ -253,26 +256,29 @@ const query = (params: ReadonlyArray<readonly [string, string | number | undefin
   return out
 }
 
+const NO_STACK_TRACE = { captureStackTrace: false } as const
+
+const invalidOption = (message: string): Config.ConfigError =>
+  new Config.ConfigError(new ConfigProvider.SourceError({ message }))
+
 /**
- * Build the HTTP client from options. Fails with a `ConfigError` when the base
- * URL is missing or unusable.
+ * Build the HTTP client from options, on the `HttpClient` in context. Fails
+ * with a `ConfigError` when the base URL is missing or unusable.
  *
  * @since 0.1.0
  * @category constructors
  */
-export const make = (options: Options): Effect.Effect<Client.Service, ConfigError.ConfigError, HttpClient.HttpClient> =>
-  Effect.gen(function*() {
+export const make: (options: Options) => Effect.Effect<Client.Service, Config.ConfigError, HttpClient.HttpClient> =
+  Effect.fnUntraced(function*(options: Options) {
     const base = Http.normalizeBaseUrl(options.baseUrl)
-    if (Either.isLeft(base)) {
-      return yield* Effect.fail(ConfigError.InvalidData(["baseUrl"], `baseUrl ${base.left}`))
-    }
-    const baseUrl = base.right.url
+    if (Result.isFailure(base)) return yield* Effect.fail(invalidOption(`baseUrl ${base.failure}`))
+    const baseUrl = base.success.url
     const apiKey = options.apiKey === undefined
       ? undefined
       : Redacted.isRedacted(options.apiKey)
       ? options.apiKey
       : Redacted.make(options.apiKey)
-    const timeout = options.timeout === undefined ? defaultTimeout : Duration.decode(options.timeout)
+    const timeout = options.timeout === undefined ? defaultTimeout : Duration.fromInputUnsafe(options.timeout)
     const httpClient = yield* HttpClient.HttpClient
     const client = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
 
@@ -286,7 +292,7 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
       return body === undefined ? req : HttpClientRequest.setBody(req, HttpBody.text(body, "application/json"))
     }
 
-    /** One exchange; answers ≥ 300 become `Status` errors unless `recover` accepts them. */
+    /** One exchange; answers ≥ 300 become `StatusError`s unless `recover` accepts them. */
     const exchange = <A>(
       req: HttpClientRequest.HttpClientRequest,
       onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
@@ -303,11 +309,11 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
       })
 
     const span = (name: string, attributes?: Record<string, string>) =>
-      Effect.withSpan(`Client.${name}`, {
-        kind: "client",
-        captureStackTrace: false,
-        ...(attributes === undefined ? {} : { attributes })
-      })
+      Effect.withSpan(
+        `Client.${name}`,
+        attributes === undefined ? { kind: "client" } : { kind: "client", attributes },
+        NO_STACK_TRACE
+      )
 
     const unit = () => Effect.void
     const executionPath = (id: string) => "/v0/executions/" + seg(id)
@@ -372,7 +378,7 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
         const expected = verb === "grant" ? "granted" : "denied"
         return Effect.catchIf(
           attempt,
-          (e) => uncertain && e.reason === "Status" && e.code === "conflict",
+          (e) => uncertain && e.reason._tag === "StatusError" && e.code === "conflict",
           (e) =>
             Effect.flatMap(
               getApproval(approvalId),
@@ -384,7 +390,9 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
       }).pipe(span(verb === "grant" ? "grantApproval" : "denyApproval", { "rebuno.approval_id": approvalId }))
 
     const follow = (executionId: string, options?: FollowOptions): Stream.Stream<Protocol.Event, KernelError> => {
-      const interval = options?.pollInterval === undefined ? defaultPollInterval : Duration.decode(options.pollInterval)
+      const interval = options?.pollInterval === undefined
+        ? defaultPollInterval
+        : Duration.fromInputUnsafe(options.pollInterval)
       const limit = clampEventsLimit(options?.limit)
       interface State {
         readonly afterSeq: number
@@ -401,15 +409,26 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
           const terminal = state.terminal || Protocol.isTerminalStatus((yield* get(executionId)).status)
           const page = yield* events(executionId, { afterSeq: state.afterSeq, limit })
           const afterSeq = page.length === 0 ? state.afterSeq : page[page.length - 1]!.eventSeq
-          const next: State | undefined = terminal
-            ? (page.length === 0 ? undefined : { afterSeq, wait: false, terminal })
-            : { afterSeq, wait: page.length < limit, terminal }
-          return Option.some([Chunk.unsafeFromArray(page.slice()), next] as const)
+          const next: Option.Option<State> = terminal
+            ? (page.length === 0 ? Option.none() : Option.some({ afterSeq, wait: false, terminal }))
+            : Option.some({ afterSeq, wait: page.length < limit, terminal })
+          return [page, next] as const
         })
-      return Stream.unfoldChunkEffect(
-        { afterSeq: options?.afterSeq ?? 0, wait: false, terminal: false } as State | undefined,
-        (state) => (state === undefined ? Effect.succeed(Option.none()) : poll(state))
+      return Stream.paginate<State, Protocol.Event, KernelError>(
+        { afterSeq: options?.afterSeq ?? 0, wait: false, terminal: false },
+        poll
       )
+    }
+
+    const liveDelta = (status: number, data: string): Effect.Effect<Protocol.LiveDelta, KernelError> => {
+      const parsed = Http.parseJson(data)
+      if (Result.isFailure(parsed)) {
+        return Effect.fail(Http.decodeError(status, `live delta is not JSON: ${parsed.failure}`))
+      }
+      const delta = decodeLiveDelta(parsed.success)
+      return Result.isSuccess(delta)
+        ? Effect.succeed(delta.success)
+        : Effect.fail(Http.decodeError(status, "live delta has an unexpected shape"))
     }
 
     const deltas = (executionId: string): Stream.Stream<Protocol.LiveDelta, KernelError> =>
@@ -420,32 +439,24 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
           )
           const response = yield* client.execute(req).pipe(
             Effect.mapError(Http.transportError),
-            Effect.timeoutFail({ duration: timeout, onTimeout: () => Http.timeoutError(timeout) })
+            Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.fail(Http.timeoutError(timeout)) })
           )
           if (response.status >= 300) {
             const text = yield* response.text.pipe(Effect.orElseSucceed(() => ""))
             return yield* Effect.fail(Http.statusError(Http.apiFailure({ status: response.status, text })))
           }
           const parser = Http.makeSseParser()
-          return HttpClientResponse.stream(Effect.succeed(response)).pipe(
+          return response.stream.pipe(
             Stream.mapError(Http.transportError),
             Stream.decodeText(),
-            Stream.mapConcat(parser.feed),
-            Stream.mapEffect((data): Effect.Effect<Protocol.LiveDelta, KernelError> => {
-              const parsed = Http.parseJson(data)
-              if (Either.isLeft(parsed)) {
-                return Effect.fail(Http.decodeError(response.status, `live delta is not JSON: ${parsed.left}`))
-              }
-              const delta = decodeLiveDelta(parsed.right)
-              return Either.isRight(delta)
-                ? Effect.succeed(delta.right)
-                : Effect.fail(Http.decodeError(response.status, "live delta has an unexpected shape"))
-            })
+            Stream.map(parser.feed),
+            Stream.flattenIterable,
+            Stream.mapEffect((data) => liveDelta(response.status, data))
           )
         })
       )
 
-    const service: Client.Service = {
+    return Client.of({
       create: (agentId, input, options) =>
         Effect.suspend((): Effect.Effect<Protocol.Execution, KernelError | InvalidArguments> => {
           let body = "{\"agent_id\":" + JSON.stringify(agentId)
@@ -465,12 +476,12 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
       get,
       list,
       listAll: (options) =>
-        Stream.paginateChunkEffect(
+        Stream.paginate<string | undefined, Protocol.Execution, KernelError>(
           options?.cursor,
           (cursor) =>
             Effect.map(list({ ...options, cursor }), (page) =>
               [
-                Chunk.unsafeFromArray(page.executions.slice()),
+                page.executions,
                 page.nextCursor === undefined ? Option.none() : Option.some(page.nextCursor)
               ] as const)
         ),
@@ -526,41 +537,56 @@ export const make = (options: Options): Effect.Effect<Client.Service, ConfigErro
           Http.retryTransport,
           span("loadPolicy", { "rebuno.agent_id": agentId })
         )
-    }
-    return service
+    })
   })
 
 /**
- * The HTTP client as a Layer.
+ * The HTTP client as a Layer, on the `HttpClient` in context.
  *
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: Options): Layer.Layer<Client, ConfigError.ConfigError, HttpClient.HttpClient> =>
+export const layer = (options: Options): Layer.Layer<Client, Config.ConfigError, HttpClient.HttpClient> =>
   Layer.effect(Client, make(options))
 
 /**
- * The HTTP client configured from the environment: `REBUNO_URL` (required) and
- * `REBUNO_API_KEY` (optional, read with `Config.redacted`; an empty value means
- * none). Options given here win over the environment.
+ * The settings from the environment: `REBUNO_URL` (required, non-empty) and
+ * `REBUNO_API_KEY` (optional, read as a `Redacted`; an empty value means none).
+ *
+ * @since 0.2.0
+ * @category layers
+ */
+export const fromEnv: Config.Config<Settings> = Config.all({
+  baseUrl: Config.NonEmptyString("REBUNO_URL"),
+  apiKey: Config.option(Config.Redacted("REBUNO_API_KEY")).pipe(
+    Config.map((key) => Option.getOrUndefined(Option.filter(key, (k) => Redacted.value(k) !== "")))
+  )
+})
+
+/**
+ * The HTTP client configured with `Config`: by default {@link fromEnv}
+ * (`REBUNO_URL`, `REBUNO_API_KEY`). Pass `settings` (a `Config` per member,
+ * or one `Config` of them all) to read them elsewhere; `options` gives the
+ * settings a `Config` cannot hold.
+ *
+ * **Example** (The kernel URL from another variable, no API key)
+ *
+ * ```ts
+ * import { NodeHttpClient } from "@effect/platform-node"
+ * import { Config, Layer } from "effect"
+ * import { Client } from "effect-rebuno"
+ *
+ * const ClientLive = Client.layerConfig({
+ *   baseUrl: Config.NonEmptyString("KERNEL_URL"),
+ *   apiKey: Config.succeed(undefined)
+ * }, { timeout: "10 seconds" }).pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * ```
  *
  * @since 0.1.0
  * @category layers
  */
 export const layerConfig = (
-  options?: Partial<Options>
-): Layer.Layer<Client, ConfigError.ConfigError, HttpClient.HttpClient> =>
-  Layer.effect(
-    Client,
-    Effect.gen(function*() {
-      const baseUrl = options?.baseUrl ?? (yield* Config.nonEmptyString("REBUNO_URL"))
-      const apiKey = options?.apiKey ??
-        Option.getOrUndefined(
-          Option.filter(
-            yield* Config.option(Config.redacted("REBUNO_API_KEY")),
-            (key) => Redacted.value(key) !== ""
-          )
-        )
-      return yield* make({ ...options, baseUrl, apiKey })
-    })
-  )
+  settings: Config.Wrap<Settings> = fromEnv,
+  options?: Omit<Options, keyof Settings> | undefined
+): Layer.Layer<Client, Config.ConfigError, HttpClient.HttpClient> =>
+  Layer.effect(Client, Effect.flatMap(Config.unwrap(settings), (s) => make({ ...options, ...s })))

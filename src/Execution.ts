@@ -14,8 +14,8 @@ import type { Deferred } from "effect"
 import { KernelClient } from "./KernelClient.js"
 import type { Caller } from "./KernelClient.js"
 import type { RunSignal } from "./RebunoError.js"
-import { makeRunState } from "./internal/runtime.js"
-import type { RunClient, RunState } from "./internal/runtime.js"
+import { makeRunState } from "./internal/run/runtime.js"
+import type { RunClient, RunState } from "./internal/run/runtime.js"
 
 /**
  * @since 0.1.0
@@ -64,7 +64,7 @@ export declare namespace Execution {
  * @since 0.1.0
  * @category tags
  */
-export class Execution extends Context.Tag("effect-rebuno/Execution")<Execution, Execution.Service>() {}
+export class Execution extends Context.Service<Execution, Execution.Service>()("effect-rebuno/Execution") {}
 
 /**
  * What a run is started from: the decoded webhook plus the agent id.
@@ -92,19 +92,20 @@ export interface RunOptions {
 export const fromRunState = (
   state: RunState,
   options: RunOptions
-): Execution.Service => ({
-  executionId: options.executionId,
-  agentId: options.agentId,
-  dispatchId: options.dispatchId,
-  dispatchAttempt: options.dispatchAttempt,
-  leaseTimeoutSeconds: options.leaseTimeoutSeconds,
-  input: options.input === undefined ? null : options.input,
-  caller: state.caller,
-  kernel: state.client,
-  signal: state.signal,
-  raise: state.raise,
-  stopped: state.stopped
-})
+): Execution.Service =>
+  Execution.of({
+    executionId: options.executionId,
+    agentId: options.agentId,
+    dispatchId: options.dispatchId,
+    dispatchAttempt: options.dispatchAttempt,
+    leaseTimeoutSeconds: options.leaseTimeoutSeconds,
+    input: options.input === undefined ? null : options.input,
+    caller: state.caller,
+    kernel: state.client,
+    signal: state.signal,
+    raise: state.raise,
+    stopped: state.stopped
+  })
 
 /**
  * Build an execution context over a kernel client, outside the dispatch
@@ -113,8 +114,8 @@ export const fromRunState = (
  * @since 0.1.0
  * @category constructors
  */
-export const make = (options: RunOptions): Effect.Effect<Execution.Service, never, KernelClient> =>
-  Effect.gen(function*() {
+export const make: (options: RunOptions) => Effect.Effect<Execution.Service, never, KernelClient> = Effect.fnUntraced(
+  function*(options: RunOptions) {
     const kernel = yield* KernelClient
     const caller: Caller = {
       agentId: options.agentId,
@@ -122,7 +123,8 @@ export const make = (options: RunOptions): Effect.Effect<Execution.Service, neve
     }
     const state = yield* makeRunState(kernel, caller, options.executionId)
     return fromRunState(state, options)
-  })
+  }
+)
 
 /**
  * A Layer providing an execution context built with {@link make}.
@@ -139,9 +141,8 @@ export const layer = (options: RunOptions): Layer.Layer<Execution, never, Kernel
  * @since 0.1.0
  * @category accessors
  */
-export const signal: Effect.Effect<Option.Option<RunSignal>, never, Execution> = Effect.flatMap(
-  Execution,
-  (execution) => Ref.get(execution.signal)
+export const signal: Effect.Effect<Option.Option<RunSignal>, never, Execution> = Execution.use((execution) =>
+  Ref.get(execution.signal)
 )
 
 /**
@@ -150,7 +151,6 @@ export const signal: Effect.Effect<Option.Option<RunSignal>, never, Execution> =
  * @since 0.1.0
  * @category accessors
  */
-export const executionId: Effect.Effect<string, never, Execution> = Effect.map(
-  Execution,
-  (execution) => execution.executionId
+export const executionId: Effect.Effect<string, never, Execution> = Execution.useSync((execution) =>
+  execution.executionId
 )

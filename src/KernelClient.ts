@@ -16,7 +16,7 @@
  * KernelClient.layerUndiciConfig()   // REBUNO_URL, REBUNO_AGENT_SECRET
  * ```
  *
- * The other runs on any `@effect/platform` `HttpClient` (other runtimes, or
+ * The other runs on any `effect/http` `HttpClient` (other runtimes, or
  * `transformClient` for proxies and logging):
  *
  * ```ts
@@ -31,12 +31,12 @@
  *
  * @since 0.1.0
  */
-import { HttpClient, Headers } from "@effect/platform"
 import { NodeHttpClient } from "@effect/platform-node"
-import { Clock, Config, ConfigError, Context, Duration, Effect, Either, FiberRef, Layer, Redacted } from "effect"
-import * as Http from "./internal/http.js"
-import * as Tracing from "./internal/tracing.js"
-import * as Transport from "./internal/transport.js"
+import { Clock, Config, ConfigProvider, Context, Duration, Effect, Layer, Redacted, Result, Schema } from "effect"
+import { Headers, HttpClient } from "effect/http"
+import * as Http from "./internal/http/exchange.js"
+import * as Tracing from "./internal/http/tracing.js"
+import * as Transport from "./internal/http/transport.js"
 import * as Protocol from "./Protocol.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "./RebunoError.js"
 import * as Signature from "./Signature.js"
@@ -87,12 +87,13 @@ export declare namespace KernelClient {
    * The agent → kernel calls. Errors follow PROTOCOL.md 13.3: `409
    * execution_terminal` is `Terminated`, `409 lease_superseded` is
    * `LeaseSuperseded`, `policy_denied` is `PolicyError` (on submit), and
-   * everything else is a `KernelError` (`Transport` for connection failures
-   * and timeouts, `Status` with the HTTP status and the kernel's code, `Decode`
-   * for an unreadable answer). Where a method's error type does not list a
-   * signal, that code arrives as a `Status` `KernelError`. Decisions are
-   * returned as they are (a `200 {"decision":"execution_terminal"}` is a
-   * decision, not an error); interpreting them is the caller's job.
+   * everything else is a `KernelError` whose `reason` is a `TransportError`
+   * (connection failures and timeouts), a `StatusError` (with the HTTP status
+   * and the kernel's code) or a `DecodeError` (an unreadable answer). Where a
+   * method's error type does not list a signal, that code arrives as a
+   * `StatusError`. Decisions are returned as they are (a `200
+   * {"decision":"execution_terminal"}` is a decision, not an error);
+   * interpreting them is the caller's job.
    *
    * @since 0.1.0
    * @category models
@@ -164,9 +165,9 @@ export declare namespace KernelClient {
  * The agent → kernel client service.
  *
  * @since 0.1.0
- * @category tags
+ * @category services
  */
-export class KernelClient extends Context.Tag("effect-rebuno/KernelClient")<KernelClient, KernelClient.Service>() {}
+export class KernelClient extends Context.Service<KernelClient, KernelClient.Service>()("effect-rebuno/KernelClient") {}
 
 /**
  * Options of the HTTP kernel client.
@@ -180,7 +181,7 @@ export interface Options {
   /** The agent secret (required, non-empty). */
   readonly secret: Redacted.Redacted<string> | string
   /** Per-request timeout (default 35 seconds). */
-  readonly timeout?: Duration.DurationInput | undefined
+  readonly timeout?: Duration.Input | undefined
   /** Request signature scheme: `sha256` (default, PROTOCOL.md 3.2) or `v1` (17.B). */
   readonly signing?: "sha256" | "v1" | undefined
   /**
@@ -250,10 +251,10 @@ const submitFailure = (failure: Http.ApiFailure): KernelError | LeaseSuperseded 
 
 const decodeDecision = (reply: Http.Reply): Effect.Effect<Protocol.StepDecision, KernelError> => {
   const parsed = Http.parseJson(reply.text)
-  if (Either.isLeft(parsed)) {
-    return Effect.fail(Http.decodeError(reply.status, `step decision is not JSON: ${parsed.left}`))
+  if (Result.isFailure(parsed)) {
+    return Effect.fail(Http.decodeError(reply.status, `step decision is not JSON: ${parsed.failure}`))
   }
-  const decision = Protocol.decodeStepDecision(parsed.right)
+  const decision = Protocol.decodeStepDecision(parsed.success)
   return decision === undefined
     ? Effect.fail(Http.decodeError(reply.status, "step decision has no decision member"))
     : Effect.succeed(decision)
@@ -261,8 +262,8 @@ const decodeDecision = (reply: Http.Reply): Effect.Effect<Protocol.StepDecision,
 
 const decodeExecution = Http.jsonDecoder(Protocol.Execution)
 
-const invalid = (path: string, message: string) =>
-  Effect.fail(ConfigError.InvalidData([path], `${path} ${message}`))
+const invalid = (path: string, message: string): Effect.Effect<never, Config.ConfigError> =>
+  Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: `${path} ${message}` })))
 
 /** Options with the values every transport needs, checked. */
 interface Resolved {
@@ -272,15 +273,15 @@ interface Resolved {
   readonly v1: boolean
 }
 
-const resolve = (options: Options | UndiciOptions): Effect.Effect<Resolved, ConfigError.ConfigError> => {
+const resolve = (options: Options | UndiciOptions): Effect.Effect<Resolved, Config.ConfigError> => {
   const base = Http.normalizeBaseUrl(options.baseUrl)
-  if (Either.isLeft(base)) return invalid("baseUrl", base.left)
+  if (Result.isFailure(base)) return invalid("baseUrl", base.failure)
   const secret = Redacted.isRedacted(options.secret) ? options.secret : Redacted.make(options.secret)
   if (Redacted.value(secret) === "") return invalid("secret", "must not be empty")
   return Effect.succeed({
-    base: base.right,
+    base: base.success,
     secret,
-    timeout: options.timeout === undefined ? defaultTimeout : Duration.decode(options.timeout),
+    timeout: options.timeout === undefined ? defaultTimeout : Duration.fromInputUnsafe(options.timeout),
     v1: options.signing === "v1"
   })
 }
@@ -292,10 +293,10 @@ const resolve = (options: Options | UndiciOptions): Effect.Effect<Resolved, Conf
  * @since 0.1.0
  * @category constructors
  */
-export const make = (
+export const make: (
   options: Options
-): Effect.Effect<KernelClient.Service, ConfigError.ConfigError, HttpClient.HttpClient> =>
-  Effect.gen(function*() {
+) => Effect.Effect<KernelClient.Service, Config.ConfigError, HttpClient.HttpClient> = Effect.fnUntraced(
+  function*(options: Options) {
     const resolved = yield* resolve(options)
     const httpClient = yield* HttpClient.HttpClient
     const transformed = options.transformClient === undefined ? httpClient : options.transformClient(httpClient)
@@ -303,10 +304,15 @@ export const make = (
     // authorises every GET and heartbeat of this agent: keep it out of the
     // request-header attributes of the HTTP client's spans (and of logged requests).
     const client = HttpClient.transform(transformed, (effect) =>
-      Effect.flatMap(FiberRef.get(Headers.currentRedactedNames), (names) =>
-        Effect.locally(effect, Headers.currentRedactedNames, [...names, H_SIGNATURE])))
+      Effect.withFiber((fiber) =>
+        Effect.provideService(effect, Headers.CurrentRedactedNames, [
+          ...fiber.getRef(Headers.CurrentRedactedNames),
+          H_SIGNATURE
+        ])
+      ))
     return makeService(resolved, Transport.fromHttpClient(client, resolved.base, resolved.timeout))
-  })
+  }
+)
 
 /**
  * Options of the undici kernel client: those of {@link Options} without
@@ -328,14 +334,15 @@ export type UndiciOptions = Omit<Options, "transformClient">
  * @since 0.1.0
  * @category constructors
  */
-export const makeUndici = (
+export const makeUndici: (
   options: UndiciOptions
-): Effect.Effect<KernelClient.Service, ConfigError.ConfigError, NodeHttpClient.Dispatcher> =>
-  Effect.gen(function*() {
+) => Effect.Effect<KernelClient.Service, Config.ConfigError, NodeHttpClient.Dispatcher> = Effect.fnUntraced(
+  function*(options: UndiciOptions) {
     const resolved = yield* resolve(options)
     const dispatcher = yield* NodeHttpClient.Dispatcher
     return makeService(resolved, Transport.fromDispatcher(dispatcher, resolved.base, resolved.timeout))
-  })
+  }
+)
 
 const makeService = (resolved: Resolved, transport: Transport.Send): KernelClient.Service => {
   const { base, secret, v1 } = resolved
@@ -441,7 +448,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
   const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
     postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
 
-  const service: KernelClient.Service = {
+  return KernelClient.of({
     secret,
     getExecution: (caller, executionId) =>
       exchange(
@@ -522,8 +529,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
           outcomeFailure
         ).pipe(Http.retryTransport)
       ).pipe(span("failExecution", executionId))
-  }
-  return service
+  })
 }
 
 /**
@@ -532,14 +538,14 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: Options): Layer.Layer<KernelClient, ConfigError.ConfigError, HttpClient.HttpClient> =>
+export const layer = (options: Options): Layer.Layer<KernelClient, Config.ConfigError, HttpClient.HttpClient> =>
   Layer.effect(KernelClient, make(options))
 
 /**
  * The HTTP kernel client configured from the environment: `REBUNO_URL` and
- * `REBUNO_AGENT_SECRET` (read with `Config`, the secret as `Config.redacted`).
- * Options given here win over the environment. Fails with a `ConfigError`
- * when a required value is missing or empty.
+ * `REBUNO_AGENT_SECRET` (read with `Config`, the secret straight into a
+ * `Redacted`). Options given here win over the environment. Fails with a
+ * `ConfigError` when a required value is missing or empty.
  *
  * @example
  * ```ts
@@ -551,7 +557,7 @@ export const layer = (options: Options): Layer.Layer<KernelClient, ConfigError.C
  */
 export const layerConfig = (
   options?: Partial<Options>
-): Layer.Layer<KernelClient, ConfigError.ConfigError, HttpClient.HttpClient> =>
+): Layer.Layer<KernelClient, Config.ConfigError, HttpClient.HttpClient> =>
   Layer.effect(
     KernelClient,
     Effect.flatMap(readConfig(options), (resolved) => make({ ...options, ...resolved }))
@@ -562,13 +568,23 @@ const readConfig = (
   options: Partial<UndiciOptions> | undefined
 ): Effect.Effect<
   { readonly baseUrl: string; readonly secret: Redacted.Redacted<string> | string },
-  ConfigError.ConfigError
+  Config.ConfigError
 > =>
   Effect.gen(function*() {
-    const baseUrl = options?.baseUrl ?? (yield* Config.nonEmptyString("REBUNO_URL"))
-    const secret = options?.secret ?? (yield* Config.redacted(Config.nonEmptyString("REBUNO_AGENT_SECRET")))
+    const baseUrl = options?.baseUrl ?? (yield* Config.NonEmptyString("REBUNO_URL"))
+    const secret = options?.secret ?? (yield* secretConfig)
     return { baseUrl, secret }
   })
+
+/**
+ * `REBUNO_AGENT_SECRET`, non-empty, straight into a `Redacted` (the plain
+ * string never leaves `Config`). `Config.schema` reads the configured string
+ * into the `Redacted` codec; a test checks the service signs with that string.
+ */
+const secretConfig: Config.Config<Redacted.Redacted<string>> = Config.schema(
+  Schema.Redacted(Schema.NonEmptyString),
+  "REBUNO_AGENT_SECRET"
+)
 
 /**
  * The kernel client on undici directly (see {@link makeUndici}), with its own
@@ -587,8 +603,8 @@ const readConfig = (
  * @since 0.1.0
  * @category layers
  */
-export const layerUndici = (options: UndiciOptions): Layer.Layer<KernelClient, ConfigError.ConfigError> =>
-  Layer.effect(KernelClient, makeUndici(options)).pipe(Layer.provide(NodeHttpClient.dispatcherLayer))
+export const layerUndici = (options: UndiciOptions): Layer.Layer<KernelClient, Config.ConfigError> =>
+  Layer.effect(KernelClient, makeUndici(options)).pipe(Layer.provide(NodeHttpClient.layerDispatcher))
 
 /**
  * {@link layerUndici} configured like {@link layerConfig}: `REBUNO_URL` and
@@ -599,8 +615,8 @@ export const layerUndici = (options: UndiciOptions): Layer.Layer<KernelClient, C
  */
 export const layerUndiciConfig = (
   options?: Partial<UndiciOptions>
-): Layer.Layer<KernelClient, ConfigError.ConfigError> =>
+): Layer.Layer<KernelClient, Config.ConfigError> =>
   Layer.effect(
     KernelClient,
     Effect.flatMap(readConfig(options), (resolved) => makeUndici({ ...options, ...resolved }))
-  ).pipe(Layer.provide(NodeHttpClient.dispatcherLayer))
+  ).pipe(Layer.provide(NodeHttpClient.layerDispatcher))

@@ -8,9 +8,8 @@
  *
  * - {@link makeFetch} builds a `fetch` for Promise-based provider SDKs (the
  *   `openai` client's `fetch` option, and the like);
- * - {@link transformClient} / {@link layerHttpClient} wrap an `HttpClient` so
- *   that Effect-native clients (`@effect/ai-openai`'s
- *   `OpenAiClient.layer({ transformClient })`) are recorded too.
+ * - {@link transformClient} / {@link layerHttpClient} wrap an `HttpClient` (from
+ *   `effect/http`) so that Effect-native clients built on it are recorded too.
  *
  * Refusals are answered as HTTP responses whose body carries a
  * `rebuno_refusal: …` marker (403, 429 or 409); the provider SDK turns them into
@@ -21,13 +20,13 @@
  *
  * @since 0.1.0
  */
-import { HttpClient } from "@effect/platform"
 import { Effect, Layer, Option } from "effect"
+import { HttpClient } from "effect/http"
 import { Execution } from "./Execution.js"
 import type { Blocked, LeaseSuperseded, PolicyError, RateLimited, Terminated } from "./RebunoError.js"
-import * as internal from "./internal/llm.js"
-import * as refusal from "./internal/llmRefusal.js"
-import * as stream from "./internal/llmStream.js"
+import * as internal from "./internal/run/llm.js"
+import * as refusal from "./internal/run/llmRefusal.js"
+import * as stream from "./internal/run/llmStream.js"
 
 /**
  * A `fetch`-compatible function (what provider SDKs accept as their `fetch`
@@ -100,8 +99,8 @@ export const makeFetch = (options?: FetchOptions): Effect.Effect<Fetch, never, E
     Execution,
     (execution) =>
       Effect.map(
-        Effect.runtime<never>(),
-        (runtime) => internal.makeFetch(runtime, Option.some(execution), options?.fetch)
+        Effect.context<never>(),
+        (context) => internal.makeFetch(context, Option.some(execution), options?.fetch)
       )
   )
 
@@ -115,7 +114,7 @@ export const makeFetch = (options?: FetchOptions): Effect.Effect<Fetch, never, E
 export const makeFetchOptional = (options?: FetchOptions): Effect.Effect<Fetch> =>
   Effect.flatMap(
     Effect.serviceOption(Execution),
-    (execution) => Effect.map(Effect.runtime<never>(), (runtime) => internal.makeFetch(runtime, execution, options?.fetch))
+    (execution) => Effect.map(Effect.context<never>(), (context) => internal.makeFetch(context, execution, options?.fetch))
   )
 
 /**
@@ -123,15 +122,16 @@ export const makeFetchOptional = (options?: FetchOptions): Effect.Effect<Fetch> 
  * semantics as {@link makeFetch}. The run is looked up when a request is
  * executed, so one transformed client serves every run; requests executed
  * outside a run pass through. Refusals are answered as responses (which
- * `HttpClient.filterStatusOk` and the generated provider clients turn into
- * `ResponseError`s that {@link raiseForRefusal} decodes). Failures of the kernel
- * exchange are `RequestError`s whose `cause` is the Rebuno error.
+ * `HttpClient.filterStatusOk` turns into an `HttpClientError` with a
+ * `StatusCodeError` reason that {@link raiseForRefusal} decodes). Failures of
+ * the kernel exchange are `HttpClientError`s with a `TransportError` reason
+ * whose `cause` is the Rebuno error.
  *
  * Give it only to the provider's client, not to the kernel client.
  *
  * @example
  * ```ts
- * const OpenAi = OpenAiClient.layer({ apiKey, transformClient: Llm.transformClient })
+ * const provider = (yield* HttpClient.HttpClient).pipe(Llm.transformClient, HttpClient.filterStatusOk)
  * ```
  *
  * @since 0.1.0
@@ -162,7 +162,7 @@ export const layerHttpClient: Layer.Layer<HttpClient.HttpClient, never, HttpClie
  * @category refusals
  */
 export const decodeRefusal = (error: unknown): Option.Option<Refusal> =>
-  Option.fromNullable(refusal.decodeRefusal(error))
+  Option.fromNullishOr(refusal.decodeRefusal(error))
 
 /**
  * The refusal decoder of PROTOCOL.md 14.7 as an Effect: fail with the typed
@@ -188,7 +188,7 @@ export const raiseForRefusal = (error: unknown): Effect.Effect<void, Refusal> =>
     if (found === undefined) return Effect.void
     if (found._tag === "PolicyError" || found._tag === "RateLimited") return Effect.fail(found)
     return Effect.flatMap(Effect.serviceOption(Execution), (execution) =>
-      Effect.zipRight(
+      Effect.andThen(
         Option.isSome(execution) ? execution.value.raise(found) : Effect.void,
         Effect.fail(found)
       ))
@@ -211,7 +211,7 @@ export const raiseForRefusal = (error: unknown): Effect.Effect<void, Refusal> =>
  * @category refusals
  */
 export const liftRefusals = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E | Refusal, R> =>
-  Effect.catchAll(self, (error) => Effect.zipRight(raiseForRefusal(error), Effect.fail(error)))
+  Effect.catch(self, (error) => Effect.andThen(raiseForRefusal(error), Effect.fail(error)))
 
 /**
  * The `type` of a refusal body's `error` object: `"rebuno_refusal"`.

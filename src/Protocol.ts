@@ -15,33 +15,79 @@
  *
  * @since 0.1.0
  */
-import { Option, Schema } from "effect"
+import { Option, Predicate, Schema, SchemaGetter } from "effect"
 
 // ---------------------------------------------------------------------------
 // Member helpers
 // ---------------------------------------------------------------------------
 
+/** Absent or `null` on the wire decodes as `fallback()`; encoding writes the value. */
+const orDefault = <S extends Schema.Top>(schema: S, fallback: () => S["Type"]) =>
+  Schema.optionalKey(Schema.NullOr(schema)).pipe(
+    Schema.decodeTo(Schema.toType(schema), {
+      decode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | null>) =>
+        Option.orElseSome(Option.filter(o, Predicate.isNotNull), fallback)
+      ),
+      encode: SchemaGetter.required()
+    })
+  )
+
 /** A string member: absent or `null` decodes as `""`. */
-const str = Schema.optionalWith(Schema.String, { nullable: true, default: () => "" })
+const str = orDefault(Schema.String, () => "")
 
 /** A number member: absent or `null` decodes as `0`. */
-const num = Schema.optionalWith(Schema.Number, { nullable: true, default: () => 0 })
+const num = orDefault(Schema.Number, () => 0)
 
 /** An "any JSON" member that is always present on the wire (`null` when none). */
-const json = Schema.optionalWith(Schema.Unknown, { default: () => null })
+const json = Schema.optionalKey(Schema.Unknown).pipe(
+  Schema.decodeTo(Schema.Unknown, {
+    decode: SchemaGetter.transformOptional((o: Option.Option<unknown>) => Option.orElseSome(o, () => null)),
+    encode: SchemaGetter.required()
+  })
+)
 
 /** An "any JSON" member that is present (possibly `null`) exactly when a value is stored. */
-const optionalJson = Schema.optionalWith(Schema.Unknown, { exact: true })
+const optionalJson = Schema.optionalKey(Schema.Unknown)
 
 /** A list member: absent or `null` decodes as `[]`. */
-const list = <S extends Schema.Schema.Any>(item: S) =>
-  Schema.optionalWith(Schema.Array(item), { nullable: true, default: () => [] })
+const list = <S extends Schema.Top>(item: S) =>
+  orDefault(Schema.Array(item), () => [])
 
 /** A string member that is omitted when empty: absent, `null` and `""` all decode as absent. */
-const nonEmpty = Schema.optionalToOptional(Schema.NullOr(Schema.String), Schema.UndefinedOr(Schema.String), {
-  decode: Option.flatMap((s) => (s === null || s === "" ? Option.none() : Option.some(s))),
-  encode: Option.flatMap(Option.fromNullable)
-})
+const nonEmpty = Schema.optionalKey(Schema.NullOr(Schema.String)).pipe(
+  Schema.decodeTo(Schema.optionalKey(Schema.String), {
+    decode: SchemaGetter.transformOptional((o: Option.Option<string | null>) =>
+      Option.filter(o, (s): s is string => s !== null && s !== "")
+    ),
+    encode: SchemaGetter.transformOptional((o: Option.Option<string>) => o)
+  })
+)
+
+/** Absent, `null` or rejected by `keep` decodes as `undefined`; any other value must match `schema`. */
+const orAbsent = <S extends Schema.Top>(schema: S, keep: (a: S["Type"]) => boolean = () => true) =>
+  Schema.optionalKey(Schema.NullOr(schema)).pipe(
+    Schema.decodeTo(Schema.UndefinedOr(Schema.toType(schema)), {
+      decode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | null>) =>
+        Option.some(Option.getOrUndefined(Option.filter(o, (a) => a !== null && keep(a))))
+      ),
+      encode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | undefined>) =>
+        Option.filter(o, Predicate.isNotUndefined)
+      )
+    })
+  )
+
+/** A member that decodes as `undefined` unless it is present and passes `check`. */
+const orUndefined = <S extends Schema.Top>(schema: S, check: (u: unknown) => u is S["Type"]) =>
+  Schema.optionalKey(Schema.Unknown).pipe(
+    Schema.decodeTo(Schema.UndefinedOr(Schema.toType(schema)), {
+      decode: SchemaGetter.transformOptional((o: Option.Option<unknown>) =>
+        Option.some(Option.isSome(o) && check(o.value) ? o.value : undefined)
+      ),
+      encode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | undefined>) =>
+        Option.filter(o, Predicate.isNotUndefined)
+      )
+    })
+  )
 
 /**
  * A top-level list response: PROTOCOL.md 2.7 sends `null` for an empty list, so
@@ -50,12 +96,15 @@ const nonEmpty = Schema.optionalToOptional(Schema.NullOr(Schema.String), Schema.
  * @since 0.1.0
  * @category combinators
  */
-export const NullableList = <A, I, R>(item: Schema.Schema<A, I, R>): Schema.Schema<ReadonlyArray<A>, ReadonlyArray<I> | null, R> =>
-  Schema.transform(Schema.NullOr(Schema.Array(item)), Schema.Array(Schema.typeSchema(item)), {
-    strict: true,
-    decode: (items) => items ?? [],
-    encode: (items) => items
-  })
+export const NullableList = <S extends Schema.Top>(
+  item: S
+): Schema.decodeTo<Schema.$Array<Schema.toType<S>>, Schema.NullOr<Schema.$Array<S>>> =>
+  Schema.NullOr(Schema.Array(item)).pipe(
+    Schema.decodeTo(Schema.Array(Schema.toType(item)), {
+      decode: SchemaGetter.transform((items: ReadonlyArray<S["Type"]> | null) => items ?? []),
+      encode: SchemaGetter.transform((items: ReadonlyArray<S["Type"]>) => items)
+    })
+  )
 
 // ---------------------------------------------------------------------------
 // Statuses
@@ -130,21 +179,16 @@ const positiveNumber = (u: unknown): u is number => typeof u === "number" && Num
  * @category schemas
  */
 export const WebhookNotice = Schema.Struct({
-  executionId: Schema.propertySignature(Schema.NonEmptyString).pipe(Schema.fromKey("execution_id")),
-  dispatchId: Schema.propertySignature(Schema.NonEmptyString).pipe(Schema.fromKey("dispatch_id")),
-  dispatchAttempt: Schema.optionalToRequired(
-    Schema.NullOr(Schema.Int.pipe(Schema.positive())),
-    Schema.UndefinedOr(Schema.Number),
-    {
-      decode: (o) => (Option.isSome(o) && o.value !== null ? o.value : undefined),
-      encode: Option.fromNullable
-    }
-  ).pipe(Schema.fromKey("dispatch_attempt")),
-  leaseTimeoutSeconds: Schema.optionalToRequired(Schema.Unknown, Schema.UndefinedOr(Schema.Number), {
-    decode: (o) => (Option.isSome(o) && positiveNumber(o.value) ? o.value : undefined),
-    encode: Option.fromNullable
-  }).pipe(Schema.fromKey("lease_timeout_seconds"))
-})
+  executionId: Schema.NonEmptyString,
+  dispatchId: Schema.NonEmptyString,
+  dispatchAttempt: orAbsent(Schema.Int.check(Schema.isGreaterThan(0))),
+  leaseTimeoutSeconds: orUndefined(Schema.Number, positiveNumber)
+}).pipe(Schema.encodeKeys({
+  executionId: "execution_id",
+  dispatchId: "dispatch_id",
+  dispatchAttempt: "dispatch_attempt",
+  leaseTimeoutSeconds: "lease_timeout_seconds"
+}))
 
 /**
  * A decoded webhook notice.
@@ -264,10 +308,10 @@ export const FailExecutionBody = Schema.Struct({
  * @category request bodies
  */
 export const CreateExecutionBody = Schema.Struct({
-  agentId: str.pipe(Schema.fromKey("agent_id")),
+  agentId: str,
   input: optionalJson,
-  agentVersion: Schema.optionalWith(Schema.String, { exact: true }).pipe(Schema.fromKey("agent_version"))
-})
+  agentVersion: Schema.optionalKey(Schema.String)
+}).pipe(Schema.encodeKeys({ agentId: "agent_id", agentVersion: "agent_version" }))
 
 /**
  * `POST /v0/approvals/{id}/grant` and `…/deny` body (9.3):
@@ -277,9 +321,9 @@ export const CreateExecutionBody = Schema.Struct({
  * @category request bodies
  */
 export const ApprovalDecisionBody = Schema.Struct({
-  decidedBy: str.pipe(Schema.fromKey("decided_by")),
-  rationale: Schema.optionalWith(Schema.String, { exact: true })
-})
+  decidedBy: str,
+  rationale: Schema.optionalKey(Schema.String)
+}).pipe(Schema.encodeKeys({ decidedBy: "decided_by" }))
 
 /**
  * `POST /v0/agents` body (11.9): exactly `{"id":…,"webhook_url":…,"secret":…}`.
@@ -289,9 +333,9 @@ export const ApprovalDecisionBody = Schema.Struct({
  */
 export const RegisterAgentBody = Schema.Struct({
   id: str,
-  webhookUrl: str.pipe(Schema.fromKey("webhook_url")),
-  secret: Schema.Redacted(Schema.String)
-})
+  webhookUrl: str,
+  secret: Schema.RedactedFromValue(Schema.String)
+}).pipe(Schema.encodeKeys({ webhookUrl: "webhook_url" }))
 
 /**
  * `POST /v0/policies/{agent_id}` body (11.10): `{"bundle":"<raw YAML text>"}`.
@@ -327,12 +371,12 @@ export type DecisionKind =
 
 const StepDecisionStruct = Schema.Struct({
   decision: Schema.String,
-  stepId: nonEmpty.pipe(Schema.fromKey("step_id")),
+  stepId: nonEmpty,
   result: optionalJson,
   error: optionalJson,
-  approvalId: nonEmpty.pipe(Schema.fromKey("approval_id")),
+  approvalId: nonEmpty,
   reason: nonEmpty
-})
+}).pipe(Schema.encodeKeys({ stepId: "step_id", approvalId: "approval_id" }))
 
 /**
  * The kernel's answer to a step submission, or to a step complete / fail
@@ -359,7 +403,7 @@ export interface StepDecision {
  * @since 0.1.0
  * @category schemas
  */
-export const StepDecision: Schema.Schema<StepDecision, Schema.Schema.Encoded<typeof StepDecisionStruct>> =
+export const StepDecision: Schema.Codec<StepDecision, typeof StepDecisionStruct.Encoded> =
   StepDecisionStruct
 
 /**
@@ -407,18 +451,25 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
  * @since 0.1.0
  * @category models
  */
-export class Execution extends Schema.Class<Execution>("effect-rebuno/Protocol/Execution")({
+export const Execution = Schema.Struct({
   id: str,
-  agentId: str.pipe(Schema.fromKey("agent_id")),
-  agentVersion: str.pipe(Schema.fromKey("agent_version")),
+  agentId: str,
+  agentVersion: str,
   input: json,
   status: str,
   output: optionalJson,
-  failureReason: str.pipe(Schema.fromKey("failure_reason")),
-  createdAt: str.pipe(Schema.fromKey("created_at")),
-  updatedAt: str.pipe(Schema.fromKey("updated_at")),
-  deadlineAt: str.pipe(Schema.fromKey("deadline_at"))
-}) {}
+  failureReason: str,
+  createdAt: str,
+  updatedAt: str,
+  deadlineAt: str}).pipe(Schema.encodeKeys({ agentId: "agent_id", agentVersion: "agent_version", failureReason: "failure_reason", createdAt: "created_at", updatedAt: "updated_at", deadlineAt: "deadline_at" }))
+
+/**
+ * A decoded execution.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Execution extends Schema.Schema.Type<typeof Execution> {}
 
 /**
  * Decode an {@link Execution} from parsed JSON.
@@ -426,7 +477,7 @@ export class Execution extends Schema.Class<Execution>("effect-rebuno/Protocol/E
  * @since 0.1.0
  * @category decoding
  */
-export const decodeExecution = Schema.decodeUnknown(Execution)
+export const decodeExecution = Schema.decodeUnknownEffect(Execution)
 
 /**
  * A recorded step (PROTOCOL.md 11.12). `args`, `result` and `error` are present
@@ -435,21 +486,28 @@ export const decodeExecution = Schema.decodeUnknown(Execution)
  * @since 0.1.0
  * @category models
  */
-export class Step extends Schema.Class<Step>("effect-rebuno/Protocol/Step")({
-  stepId: str.pipe(Schema.fromKey("step_id")),
-  executionId: str.pipe(Schema.fromKey("execution_id")),
+export const Step = Schema.Struct({
+  stepId: str,
+  executionId: str,
   kind: str,
   target: str,
-  argsHash: str.pipe(Schema.fromKey("args_hash")),
+  argsHash: str,
   occurrence: num,
   status: str,
   idempotency: str,
   args: optionalJson,
   result: optionalJson,
   error: optionalJson,
-  startedAt: str.pipe(Schema.fromKey("started_at")),
-  completedAt: str.pipe(Schema.fromKey("completed_at"))
-}) {}
+  startedAt: str,
+  completedAt: str}).pipe(Schema.encodeKeys({ stepId: "step_id", executionId: "execution_id", argsHash: "args_hash", startedAt: "started_at", completedAt: "completed_at" }))
+
+/**
+ * A decoded step.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Step extends Schema.Schema.Type<typeof Step> {}
 
 /**
  * An execution event (PROTOCOL.md 11.12, 12). `eventSeq` starts at 1 and is
@@ -458,13 +516,20 @@ export class Step extends Schema.Class<Step>("effect-rebuno/Protocol/Step")({
  * @since 0.1.0
  * @category models
  */
-export class Event extends Schema.Class<Event>("effect-rebuno/Protocol/Event")({
-  executionId: str.pipe(Schema.fromKey("execution_id")),
-  eventSeq: num.pipe(Schema.fromKey("event_seq")),
+export const Event = Schema.Struct({
+  executionId: str,
+  eventSeq: num,
   type: str,
   payload: json,
-  occurredAt: str.pipe(Schema.fromKey("occurred_at"))
-}) {}
+  occurredAt: str}).pipe(Schema.encodeKeys({ executionId: "execution_id", eventSeq: "event_seq", occurredAt: "occurred_at" }))
+
+/**
+ * A decoded event.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Event extends Schema.Schema.Type<typeof Event> {}
 
 /**
  * A human approval (PROTOCOL.md 9, 11.12). An empty `approvers` list means
@@ -473,19 +538,26 @@ export class Event extends Schema.Class<Event>("effect-rebuno/Protocol/Event")({
  * @since 0.1.0
  * @category models
  */
-export class Approval extends Schema.Class<Approval>("effect-rebuno/Protocol/Approval")({
+export const Approval = Schema.Struct({
   id: str,
-  stepId: str.pipe(Schema.fromKey("step_id")),
-  executionId: str.pipe(Schema.fromKey("execution_id")),
+  stepId: str,
+  executionId: str,
   status: str,
   approvers: list(Schema.String),
   message: str,
-  timeoutAt: str.pipe(Schema.fromKey("timeout_at")),
-  decidedBy: str.pipe(Schema.fromKey("decided_by")),
-  decidedAt: str.pipe(Schema.fromKey("decided_at")),
+  timeoutAt: str,
+  decidedBy: str,
+  decidedAt: str,
   rationale: str,
-  createdAt: str.pipe(Schema.fromKey("created_at"))
-}) {}
+  createdAt: str}).pipe(Schema.encodeKeys({ stepId: "step_id", executionId: "execution_id", timeoutAt: "timeout_at", decidedBy: "decided_by", decidedAt: "decided_at", createdAt: "created_at" }))
+
+/**
+ * A decoded approval.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Approval extends Schema.Schema.Type<typeof Approval> {}
 
 /**
  * A registered agent (PROTOCOL.md 11.9). On the wire the members carry Go field
@@ -496,12 +568,19 @@ export class Approval extends Schema.Class<Approval>("effect-rebuno/Protocol/App
  * @since 0.1.0
  * @category models
  */
-export class Agent extends Schema.Class<Agent>("effect-rebuno/Protocol/Agent")({
-  id: str.pipe(Schema.fromKey("ID")),
-  webhookUrl: str.pipe(Schema.fromKey("WebhookURL")),
-  policyBundle: str.pipe(Schema.fromKey("PolicyBundle")),
-  registeredAt: str.pipe(Schema.fromKey("RegisteredAt"))
-}) {}
+export const Agent = Schema.Struct({
+  id: str,
+  webhookUrl: str,
+  policyBundle: str,
+  registeredAt: str}).pipe(Schema.encodeKeys({ id: "ID", webhookUrl: "WebhookURL", policyBundle: "PolicyBundle", registeredAt: "RegisteredAt" }))
+
+/**
+ * A decoded agent.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Agent extends Schema.Schema.Type<typeof Agent> {}
 
 /**
  * A live delta (PROTOCOL.md 6.6, 11.6): `{"step_id":…,"seq":…,"data":…}`.
@@ -511,10 +590,10 @@ export class Agent extends Schema.Class<Agent>("effect-rebuno/Protocol/Agent")({
  * @category schemas
  */
 export const LiveDelta = Schema.Struct({
-  stepId: str.pipe(Schema.fromKey("step_id")),
+  stepId: str,
   seq: num,
   data: str
-})
+}).pipe(Schema.encodeKeys({ stepId: "step_id" }))
 
 /**
  * A decoded live delta.
@@ -534,8 +613,8 @@ export interface LiveDelta extends Schema.Schema.Type<typeof LiveDelta> {}
 export const ErrorEnvelope = Schema.Struct({
   code: str,
   message: str,
-  ruleId: nonEmpty.pipe(Schema.fromKey("rule_id"))
-})
+  ruleId: nonEmpty
+}).pipe(Schema.encodeKeys({ ruleId: "rule_id" }))
 
 /**
  * A decoded error envelope.
@@ -555,11 +634,8 @@ export interface ErrorEnvelope extends Schema.Schema.Type<typeof ErrorEnvelope> 
  */
 export const ExecutionPage = Schema.Struct({
   executions: list(Execution),
-  nextCursor: Schema.optionalToRequired(Schema.NullOr(Schema.String), Schema.UndefinedOr(Schema.String), {
-    decode: (o) => (Option.isSome(o) && o.value !== null && o.value !== "" ? o.value : undefined),
-    encode: Option.fromNullable
-  }).pipe(Schema.fromKey("next_cursor"))
-})
+  nextCursor: orAbsent(Schema.String, (s) => s !== "")
+}).pipe(Schema.encodeKeys({ nextCursor: "next_cursor" }))
 
 /**
  * A decoded executions page.

@@ -3,13 +3,33 @@
  *
  * Every outcome of a step decision that is not "run the body" or "here is the
  * recorded value" is a typed error in the `E` channel, so agents recover with
- * `Effect.catchTag`. Three of them are *signals* rather than failures:
- * `Blocked`, `Terminated` and `LeaseSuperseded` (plus `Abandoned`) stop the run
+ * `Effect.catchTag`. Four of them are *signals* rather than failures:
+ * `Blocked`, `Terminated`, `LeaseSuperseded` and `Abandoned` stop the run
  * without reporting an outcome to the kernel (PROTOCOL.md 14.3).
+ *
+ * A failed call to the kernel is one {@link KernelError} whose `reason` says
+ * what went wrong ({@link TransportError}, {@link StatusError} or
+ * {@link DecodeError}); branch on it with
+ * `Effect.catchReason("KernelError", "StatusError", f)`.
  *
  * @since 0.1.0
  */
-import { Schema } from "effect"
+import { Predicate, Schema } from "effect"
+
+/**
+ * The mark every effect-rebuno error carries. A string, so that the guards in
+ * this module hold across two copies of the package.
+ *
+ * @since 0.2.0
+ * @category type ids
+ */
+export const TypeId = "~effect-rebuno/RebunoError" as const
+
+/**
+ * @since 0.2.0
+ * @category type ids
+ */
+export type TypeId = typeof TypeId
 
 /**
  * The kernel refused a step (a `denied` decision, or a `policy_denied` error
@@ -25,6 +45,8 @@ export class PolicyError extends Schema.TaggedError<PolicyError>("effect-rebuno/
   stepId: Schema.optional(Schema.String),
   target: Schema.optional(Schema.String)
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return this.reason
   }
@@ -42,6 +64,8 @@ export class RateLimited extends Schema.TaggedError<RateLimited>("effect-rebuno/
   reason: Schema.String,
   target: Schema.optional(Schema.String)
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return this.reason
   }
@@ -59,6 +83,8 @@ export class Blocked extends Schema.TaggedError<Blocked>("effect-rebuno/Blocked"
   approvalId: Schema.optional(Schema.String),
   stepId: Schema.optional(Schema.String)
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return this.approvalId === undefined
       ? "execution blocked awaiting approval"
@@ -74,6 +100,8 @@ export class Blocked extends Schema.TaggedError<Blocked>("effect-rebuno/Blocked"
  * @category signals
  */
 export class Terminated extends Schema.TaggedError<Terminated>("effect-rebuno/Terminated")("Terminated", {}) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return "execution terminal"
   }
@@ -91,6 +119,8 @@ export class LeaseSuperseded extends Schema.TaggedError<LeaseSuperseded>("effect
   "LeaseSuperseded",
   {}
 ) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return "dispatch lease superseded"
   }
@@ -107,6 +137,8 @@ export class LeaseSuperseded extends Schema.TaggedError<LeaseSuperseded>("effect
 export class Abandoned extends Schema.TaggedError<Abandoned>("effect-rebuno/Abandoned")("Abandoned", {
   reason: Schema.String
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return `run abandoned: ${this.reason}`
   }
@@ -126,6 +158,8 @@ export class ToolError extends Schema.TaggedError<ToolError>("effect-rebuno/Tool
   retryable: Schema.Boolean,
   text: Schema.String
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return this.text
   }
@@ -139,24 +173,148 @@ export class ToolError extends Schema.TaggedError<ToolError>("effect-rebuno/Tool
   }
 }
 
+// ---------------------------------------------------------------------------
+// KernelError and its reasons
+// ---------------------------------------------------------------------------
+
 /**
- * A call to the kernel failed: the transport (connection, timeout, 5xx), an
- * error answer (`Status`, carrying the kernel's `code` and HTTP status), or an
- * answer that could not be decoded.
+ * The kernel could not be reached, or its answer could not be read: a
+ * connection error, a reset, a timeout. The caller cannot know whether the
+ * kernel processed the request (PROTOCOL.md 15). The request is deliberately
+ * not kept: its headers carry credentials.
+ *
+ * @since 0.2.0
+ * @category kernel errors
+ */
+export class TransportError extends Schema.TaggedError<TransportError>("effect-rebuno/KernelError/TransportError")(
+  "TransportError",
+  {
+    description: Schema.String,
+    cause: Schema.optional(Schema.Defect())
+  }
+) {
+  /** A transport failure is always worth another try of a call that is safe to repeat. */
+  get isRetryable(): boolean {
+    return true
+  }
+  override get message(): string {
+    return `Transport: ${this.description}`
+  }
+}
+
+/**
+ * The kernel answered with an error status (PROTOCOL.md 13): `status` is the
+ * HTTP status and `code` the envelope's code (`internal_error` when the body
+ * had none).
+ *
+ * @since 0.2.0
+ * @category kernel errors
+ */
+export class StatusError extends Schema.TaggedError<StatusError>("effect-rebuno/KernelError/StatusError")(
+  "StatusError",
+  {
+    status: Schema.Number,
+    code: Schema.optional(Schema.String),
+    description: Schema.String
+  }
+) {
+  /** A `5xx` answer leaves the outcome unknown (PROTOCOL.md 15); anything else is final. */
+  get isRetryable(): boolean {
+    return this.status >= 500
+  }
+  override get message(): string {
+    return this.code === undefined
+      ? `Status ${this.status}: ${this.description}`
+      : `Status ${this.status} ${this.code}: ${this.description}`
+  }
+}
+
+/**
+ * The kernel answered, but not with what the protocol says it answers: a body
+ * that is not JSON, does not match its schema, or an unknown step decision.
+ *
+ * @since 0.2.0
+ * @category kernel errors
+ */
+export class DecodeError extends Schema.TaggedError<DecodeError>("effect-rebuno/KernelError/DecodeError")(
+  "DecodeError",
+  {
+    status: Schema.optional(Schema.Number),
+    description: Schema.String
+  }
+) {
+  /** Asking again gets the same answer. */
+  get isRetryable(): boolean {
+    return false
+  }
+  override get message(): string {
+    return this.status === undefined
+      ? `Decode: ${this.description}`
+      : `Decode ${this.status}: ${this.description}`
+  }
+}
+
+/**
+ * Why a call to the kernel failed.
+ *
+ * @since 0.2.0
+ * @category kernel errors
+ */
+export type KernelErrorReason = TransportError | StatusError | DecodeError
+
+/**
+ * Schema of {@link KernelErrorReason}.
+ *
+ * @since 0.2.0
+ * @category kernel errors
+ */
+export const KernelErrorReason: Schema.Union<[typeof TransportError, typeof StatusError, typeof DecodeError]> = Schema
+  .Union([TransportError, StatusError, DecodeError])
+
+/**
+ * A call to the kernel failed. `reason` says how: {@link TransportError}
+ * (connection, timeout), {@link StatusError} (an error answer, with the HTTP
+ * status and the kernel's code) or {@link DecodeError} (an answer that could
+ * not be decoded). `message`, `isRetryable`, `status` and `code` delegate to
+ * the reason.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Client } from "effect-rebuno"
+ *
+ * const program = Effect.gen(function*() {
+ *   const client = yield* Client.Client
+ *   return yield* client.getExecution("missing")
+ * }).pipe(
+ *   Effect.catchReason("KernelError", "StatusError", (e) =>
+ *     e.status === 404 ? Effect.succeed(undefined) : Effect.fail(e))
+ * )
+ * ```
  *
  * @since 0.1.0
  * @category errors
  */
 export class KernelError extends Schema.TaggedError<KernelError>("effect-rebuno/KernelError")("KernelError", {
-  reason: Schema.Literal("Transport", "Status", "Decode"),
-  status: Schema.optional(Schema.Number),
-  code: Schema.optional(Schema.String),
-  description: Schema.String,
-  cause: Schema.optional(Schema.Defect)
+  reason: KernelErrorReason
 }) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
+  override readonly cause = this.reason
+  /** The HTTP status of the answer, when there was one. */
+  get status(): number | undefined {
+    return this.reason._tag === "TransportError" ? undefined : this.reason.status
+  }
+  /** The kernel's error code, for a {@link StatusError}. */
+  get code(): string | undefined {
+    return this.reason._tag === "StatusError" ? this.reason.code : undefined
+  }
+  /** `true` when the outcome of the call is unknown (PROTOCOL.md 15). */
+  get isRetryable(): boolean {
+    return this.reason.isRetryable
+  }
   override get message(): string {
-    const prefix = this.status === undefined ? this.reason : `${this.reason} ${this.status}`
-    return this.code === undefined ? `${prefix}: ${this.description}` : `${prefix} ${this.code}: ${this.description}`
+    return this.reason.message
   }
 }
 
@@ -176,6 +334,8 @@ export class InvalidArguments extends Schema.TaggedError<InvalidArguments>("effe
     reason: Schema.String
   }
 ) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return `${this.target}: arguments are not JSON at ${this.path}: ${this.reason}`
   }
@@ -196,6 +356,8 @@ export class StepDecodeError extends Schema.TaggedError<StepDecodeError>("effect
     description: Schema.String
   }
 ) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return `${this.target}: ${this.description}`
   }
@@ -211,6 +373,8 @@ export class SignatureError extends Schema.TaggedError<SignatureError>("effect-r
   "SignatureError",
   { description: Schema.String }
 ) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
   override get message(): string {
     return this.description
   }
@@ -244,10 +408,27 @@ export type RebunoError =
   | SignatureError
 
 /**
+ * Is this value an effect-rebuno error (from any copy of the package)?
+ *
+ * @since 0.2.0
+ * @category refinements
+ */
+export const isRebunoError = (u: unknown): u is RebunoError => Predicate.hasProperty(u, TypeId)
+
+const SIGNAL_TAGS: ReadonlySet<string> = new Set(["Blocked", "Terminated", "LeaseSuperseded", "Abandoned"])
+
+/**
  * Is this value one of the run-stopping signals?
  *
  * @since 0.1.0
  * @category refinements
  */
-export const isRunSignal = (u: unknown): u is RunSignal =>
-  u instanceof Blocked || u instanceof Terminated || u instanceof LeaseSuperseded || u instanceof Abandoned
+export const isRunSignal = (u: unknown): u is RunSignal => isRebunoError(u) && SIGNAL_TAGS.has(u._tag)
+
+/**
+ * Is this value a {@link KernelError} (from any copy of the package)?
+ *
+ * @since 0.2.0
+ * @category refinements
+ */
+export const isKernelError = (u: unknown): u is KernelError => isRebunoError(u) && u._tag === "KernelError"

@@ -13,7 +13,7 @@
  */
 import { Clock, Effect, Random, Schema } from "effect"
 import type { Execution } from "./Execution.js"
-import * as internal from "./internal/run.js"
+import * as internal from "./internal/run/run.js"
 
 /**
  * `safe_to_retry` (default): a body whose earlier run died is run again.
@@ -69,7 +69,7 @@ export interface Options<A, E, R, I = A, RS = never, F = never, FI = never, RF =
  *
  * Signals and policy / rate-limit errors raised inside the body propagate as
  * they are and record nothing; an unknown decision fails with a `KernelError`
- * (`reason: "Decode"`, `unexpected step decision: <value>`).
+ * (a `DecodeError` reason: `unexpected step decision: <value>`).
  *
  * @example
  * ```ts
@@ -113,8 +113,8 @@ export interface RunOptions<A = unknown, I = A, RS = never, F = never, FI = neve
   /** JSON arguments identifying the step (default `{}`). */
   readonly args?: unknown
   readonly idempotency?: Idempotency | undefined
-  readonly success?: Schema.Schema<A, I, RS> | undefined
-  readonly failure?: Schema.Schema<F, FI, RF> | undefined
+  readonly success?: Schema.Codec<A, I, RS, RS> | undefined
+  readonly failure?: Schema.Codec<F, FI, RF, RF> | undefined
 }
 
 const runImpl = <A, E, R, I, RS, F, FI, RF>(
@@ -159,11 +159,11 @@ export const run: {
   }): <A, E, R>(body: Body<A, E, R>) => Effect.Effect<A, StepError, R | Execution>
   <A, I, RS, F = never, FI = never, RF = never>(
     name: string,
-    options: RunOptions<A, I, RS, F, FI, RF> & { readonly success: Schema.Schema<A, I, RS> }
+    options: RunOptions<A, I, RS, F, FI, RF> & { readonly success: Schema.Codec<A, I, RS, RS> }
   ): <E, R>(body: Body<A, E, R>) => Effect.Effect<A, StepError | F, R | RS | RF | Execution>
   <F, FI, RF>(
     name: string,
-    options: RunOptions<unknown, unknown, never, F, FI, RF> & { readonly failure: Schema.Schema<F, FI, RF> }
+    options: RunOptions<unknown, unknown, never, F, FI, RF> & { readonly failure: Schema.Codec<F, FI, RF, RF> }
   ): <A, E, R>(body: Body<A, E, R>) => Effect.Effect<A, StepError | F, R | RF | Execution>
   <A, E, R, I = A, RS = never, F = never, FI = never, RF = never>(
     name: string,
@@ -206,7 +206,7 @@ const HEX: ReadonlyArray<string> = Array.from({ length: 256 }, (_, i) => i.toStr
 /** A version 4 UUID from Effect's `Random` (so tests can seed it). */
 const uuidV4: Effect.Effect<string> = Effect.gen(function*() {
   const bytes: Array<number> = []
-  for (let i = 0; i < 16; i++) bytes.push(yield* Random.nextIntBetween(0, 256))
+  for (let i = 0; i < 16; i++) bytes.push(yield* Random.nextIntBetween(0, 256, { halfOpen: true }))
   bytes[6] = (bytes[6]! & 0x0f) | 0x40
   bytes[8] = (bytes[8]! & 0x3f) | 0x80
   const hex = bytes.map((b) => HEX[b]!)

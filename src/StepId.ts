@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { hash } from "node:crypto"
-import * as Json from "./internal/json.js"
+import * as Json from "./internal/wire/json.js"
 
 // One-shot `crypto.hash` is several times cheaper than a `createHash` object per call;
 // the kernel hashes twice on every step submission.

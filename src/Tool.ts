@@ -11,12 +11,12 @@
  *
  * @since 0.1.0
  */
-import { Effect, JSONSchema, Schema } from "effect"
+import { Effect, JsonSchema, Schema } from "effect"
 import type { Execution } from "./Execution.js"
 import { InvalidArguments, PolicyError } from "./RebunoError.js"
-import * as Codec from "./internal/codec.js"
-import * as internal from "./internal/run.js"
-import type * as Tracing from "./internal/tracing.js"
+import * as Codec from "./internal/wire/codec.js"
+import * as internal from "./internal/run/run.js"
+import type * as Tracing from "./internal/http/tracing.js"
 import type { Idempotency, StepContext, StepError } from "./Step.js"
 
 /**
@@ -26,19 +26,21 @@ import type { Idempotency, StepContext, StepError } from "./Step.js"
  * @category models
  */
 export interface Tool<
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All = typeof Schema.Never,
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top = Schema.Never,
   R = never
 > {
-  (args: Schema.Schema.Type<Args>): Effect.Effect<
-    Schema.Schema.Type<Success>,
-    StepError | Schema.Schema.Type<Failure>,
+  (args: Args["Type"]): Effect.Effect<
+    Success["Type"],
+    StepError | Failure["Type"],
     | R
     | Execution
-    | Schema.Schema.Context<Args>
-    | Schema.Schema.Context<Success>
-    | Schema.Schema.Context<Failure>
+    | Args["EncodingServices"]
+    | Success["DecodingServices"]
+    | Success["EncodingServices"]
+    | Failure["DecodingServices"]
+    | Failure["EncodingServices"]
   >
   /** The tool name: the step `target` and the name policies match. */
   readonly name: string
@@ -46,8 +48,11 @@ export interface Tool<
   readonly argsSchema: Args
   readonly successSchema: Success
   readonly failureSchema: Failure | undefined
-  /** JSON Schema of the arguments (computed on first access). */
-  readonly jsonSchema: JSONSchema.JsonSchema7Root
+  /**
+   * JSON Schema (draft-07) of the arguments as encoded, computed on first
+   * access: a root with `$schema`, and `$defs` when the schema has definitions.
+   */
+  readonly jsonSchema: JsonSchema.JsonSchema
   readonly idempotency: Idempotency
 }
 
@@ -58,9 +63,9 @@ export interface Tool<
  * @category models
  */
 export interface Options<
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All,
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top,
   R
 > {
   readonly args: Args
@@ -70,43 +75,78 @@ export interface Options<
   readonly idempotency?: Idempotency | undefined
   readonly description?: string | undefined
   readonly execute: (
-    args: Schema.Schema.Type<Args>,
+    args: Args["Type"],
     context: StepContext
-  ) => Effect.Effect<Schema.Schema.Type<Success>, unknown, R>
+  ) => Effect.Effect<Success["Type"], unknown, R>
+}
+
+/** A schema as the step path uses it (its services are tracked by {@link Tool}'s type). */
+type AnyCodec<A> = Schema.Codec<A, unknown, unknown, unknown>
+
+/**
+ * The JSON Schema of `schema` (as `effect/ai` derives a tool's parameters),
+ * laid out as Effect 3's `JSONSchema.make` laid it out (the form LLM tool APIs
+ * take): a draft-07 root with `$schema`, closed objects
+ * (`additionalProperties: false`), definitions under `$defs` and referenced as
+ * `#/$defs/<name>`.
+ */
+const jsonSchemaOf = (schema: Schema.Top): JsonSchema.JsonSchema => {
+  const document = JsonSchema.toDocumentDraft07(Schema.toJsonSchemaDocument(schema, { onExcessProperty: "error" }))
+  const root = { $schema: JsonSchema.META_SCHEMA_URI_DRAFT_07 }
+  const names = Object.keys(document.definitions)
+  if (names.length === 0) return { ...root, ...document.schema }
+  const $defs: Record<string, unknown> = {}
+  for (const name of names) $defs[name] = definitionsAsDefs(document.definitions[name])
+  return { ...root, $defs, ...(definitionsAsDefs(document.schema) as JsonSchema.JsonSchema) }
+}
+
+/** A draft-07 schema with its `#/definitions/…` references turned into `#/$defs/…`. */
+const definitionsAsDefs = (json: unknown): unknown => {
+  if (Array.isArray(json)) return json.map(definitionsAsDefs)
+  if (typeof json !== "object" || json === null) return json
+  const out: Record<string, unknown> = {}
+  for (const [key, value] of Object.entries(json)) {
+    out[key] = key === "$ref" && typeof value === "string" && value.startsWith("#/definitions/")
+      ? `#/$defs/${value.slice("#/definitions/".length)}`
+      : definitionsAsDefs(value)
+  }
+  return out
 }
 
 const build = <
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All,
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top,
   R
 >(name: string, options: Options<Args, Success, Failure, R>): Tool<Args, Success, Failure, R> => {
   const idempotency = options.idempotency ?? "safe_to_retry"
-  const step = (execution: Execution["Type"], args: Schema.Schema.Type<Args>, encodedArgs: unknown) =>
+  const argsSchema = options.args as unknown as AnyCodec<Args["Type"]>
+  const step = (execution: Execution.Service, args: Args["Type"], encodedArgs: unknown) =>
     internal.runStepIn(execution, {
       kind: "tool_call",
       target: name,
       args: encodedArgs,
       idempotency,
-      success: options.success as Schema.Schema<Schema.Schema.Type<Success>, unknown, unknown>,
-      failure: options.failure as Schema.Schema<Schema.Schema.Type<Failure>, unknown, unknown> | undefined,
+      success: options.success as unknown as AnyCodec<Success["Type"]>,
+      failure: options.failure as unknown as AnyCodec<Failure["Type"]> | undefined,
       body: (context) => options.execute(args, context)
     })
+  const invalid = (error: Schema.SchemaError) => {
+    const issue = internal.firstIssue(error)
+    return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
+  }
   const spanOptions: Tracing.SpanOptions = { attributes: { "rebuno.tool": name } }
-  const call = (args: Schema.Schema.Type<Args>) =>
+  const call = (args: Args["Type"]) =>
     internal.tracedStep("Tool.call", spanOptions, (execution) => {
-      const quick = Codec.encodeSync(options.args, args)
+      const quick = Codec.encodeSync(argsSchema, args)
       return quick !== undefined
         ? step(execution, args, quick.value)
-        : Schema.encode(options.args)(args).pipe(
-          Effect.catchAll((error) => {
-            const issue = internal.firstIssue(error)
-            return Effect.fail(new InvalidArguments({ target: name, path: issue.path, reason: issue.message }))
-          }),
+        : Schema.encodeEffect(argsSchema)(args, { reportInput: true }).pipe(
+          Effect.catch(invalid),
           Effect.flatMap((encodedArgs) => step(execution, args, encodedArgs))
         )
     })
-  let jsonSchema: JSONSchema.JsonSchema7Root | undefined
+  let jsonSchema: JsonSchema.JsonSchema | undefined
   return Object.defineProperties(call, {
     name: { value: name, enumerable: true },
     description: { value: options.description, enumerable: true },
@@ -116,7 +156,7 @@ const build = <
     idempotency: { value: idempotency, enumerable: true },
     jsonSchema: {
       enumerable: true,
-      get: () => (jsonSchema ??= JSONSchema.make(options.args))
+      get: () => (jsonSchema ??= jsonSchemaOf(options.args))
     }
   }) as unknown as Tool<Args, Success, Failure, R>
 }
@@ -144,10 +184,10 @@ const build = <
  * @category constructors
  */
 export const make = <
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
+  Args extends Schema.Top,
+  Success extends Schema.Top,
   R = never,
-  Failure extends Schema.Schema.All = typeof Schema.Never
+  Failure extends Schema.Top = Schema.Never
 >(name: string, options: Options<Args, Success, Failure, R>): Tool<Args, Success, Failure, R> =>
   build(name, options)
 
@@ -158,9 +198,9 @@ export const make = <
  * @category models
  */
 export interface WrapOptions<
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top
 > {
   readonly args: Args
   readonly success: Success
@@ -178,12 +218,12 @@ export interface WrapOptions<
  * @category constructors
  */
 export const wrap = <
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All = typeof Schema.Never
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top = Schema.Never
 >(
   name: string,
-  fn: (args: Schema.Schema.Type<Args>, context: StepContext) => Promise<Schema.Schema.Type<Success>>,
+  fn: (args: Args["Type"], context: StepContext) => Promise<Success["Type"]>,
   options: WrapOptions<Args, Success, Failure>
 ): Tool<Args, Success, Failure> =>
   build(name, {
@@ -215,14 +255,14 @@ export const denialText = (name: string, reason: string | undefined): string =>
  * @category denials
  */
 export const denialAsText = <
-  Args extends Schema.Schema.Any,
-  Success extends Schema.Schema.Any,
-  Failure extends Schema.Schema.All,
+  Args extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top,
   R
 >(
   tool: Tool<Args, Success, Failure, R>
-): Tool<Args, Schema.Union<[Success, typeof Schema.String]>, Failure, R> => {
-  const call = (args: Schema.Schema.Type<Args>) =>
+): Tool<Args, Schema.Union<readonly [Success, Schema.String]>, Failure, R> => {
+  const call = (args: Args["Type"]) =>
     tool(args).pipe(
       Effect.catchIf(
         (e): e is PolicyError => e instanceof PolicyError && e.target === tool.name,
@@ -233,9 +273,9 @@ export const denialAsText = <
     name: { value: tool.name, enumerable: true },
     description: { value: tool.description, enumerable: true },
     argsSchema: { value: tool.argsSchema, enumerable: true },
-    successSchema: { value: Schema.Union(tool.successSchema, Schema.String), enumerable: true },
+    successSchema: { value: Schema.Union([tool.successSchema, Schema.String]), enumerable: true },
     failureSchema: { value: tool.failureSchema, enumerable: true },
     idempotency: { value: tool.idempotency, enumerable: true },
     jsonSchema: { enumerable: true, get: () => tool.jsonSchema }
-  }) as unknown as Tool<Args, Schema.Union<[Success, typeof Schema.String]>, Failure, R>
+  }) as unknown as Tool<Args, Schema.Union<readonly [Success, Schema.String]>, Failure, R>
 }

@@ -52,14 +52,17 @@ export {
   Abandoned,
   Blocked,
   InvalidArguments,
+  DecodeError,
   KernelError,
   LeaseSuperseded,
   PolicyError,
   RateLimited,
   SignatureError,
+  StatusError,
   StepDecodeError,
   Terminated,
-  ToolError
+  ToolError,
+  TransportError
 } from "./RebunoError.js"
 
 /**

@@ -1,13 +1,16 @@
-import { HttpClient, HttpClientRequest } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Data, Effect, Layer, Schema, TestClock } from "effect"
+import { Clock, Data, Effect, Layer, Schema } from "effect"
+import type { Scope } from "effect"
+import { HttpClient, HttpClientRequest } from "effect/http"
+import { TestClock } from "effect/testing"
 import * as Agent from "../src/Agent.js"
 import { Blocked, LeaseSuperseded, PolicyError, RateLimited, ToolError } from "../src/RebunoError.js"
 import * as Signature from "../src/Signature.js"
 import * as Step from "../src/Step.js"
 import * as Tool from "../src/Tool.js"
-import { failureReason } from "../src/internal/failureReason.js"
+import { failureReason } from "../src/internal/run/failureReason.js"
+import * as TrackedClock from "../src/testing/internal/trackedClock.js"
 import { FakeKernel, SECRET } from "./support/FakeKernel.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -39,18 +42,23 @@ const deliver = (rt: Agent.AgentRuntime, body: string | Uint8Array) =>
 /** Let background fibers run until `done` holds (bounded). */
 const until = (done: () => boolean) =>
   Effect.gen(function*() {
-    for (let i = 0; i < 200 && !done(); i++) yield* Effect.yieldNow()
+    for (let i = 0; i < 200 && !done(); i++) yield* Effect.yieldNow
     expect(done()).toBe(true)
   })
 
+/** Let background fibers run until `n` sleeps are in flight (needs the TrackedClock, see `test`). */
 const sleeping = (n = 1) =>
   Effect.gen(function*() {
     for (let i = 0; i < 200; i++) {
-      if ((yield* TestClock.sleeps()).length >= n) return
-      yield* Effect.yieldNow()
+      if ((yield* TrackedClock.pendingSleeps).length >= n) return
+      yield* Effect.yieldNow
     }
     throw new Error("no sleep registered")
   })
+
+/** `it.effect` on a TestClock that records its sleeps in flight (for `sleeping`). */
+const test = <A, E>(name: string, self: () => Effect.Effect<A, E, Scope.Scope>, timeout?: number) =>
+  it.effect(name, () => TrackedClock.tracked(self()), timeout)
 
 const echo = Tool.make("echo", {
   args: Schema.Struct({ text: Schema.String }),
@@ -64,7 +72,7 @@ const setup = <In, A, E, R extends never>(agent: Agent.Agent<In, A, E, R>, fake:
 describe("webhook handling", () => {
   const agent = Agent.make({ id: "agent", handler: () => Effect.succeed({ ok: true }) })
 
-  it.scoped("401 on a bad or missing signature, nothing else happens", () =>
+  test("401 on a bad or missing signature, nothing else happens", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(agent, fake)
@@ -74,11 +82,11 @@ describe("webhook handling", () => {
       expect(yield* rt.handleWebhook({ body, signature: good.toUpperCase() })).toBe(401)
       expect(yield* rt.handleWebhook({ body, signature: yield* Signature.sign("other", body) })).toBe(401)
       expect(yield* rt.handleWebhook({ body, signature: good.slice("sha256=".length) })).toBe(401)
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(fake.calls).toHaveLength(0)
     }))
 
-  it.scoped("400 on a body that is not an acceptable notice", () =>
+  test("400 on a body that is not an acceptable notice", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(agent, fake)
@@ -97,11 +105,11 @@ describe("webhook handling", () => {
         new Uint8Array([0x7b, 0xff, 0x7d])
       ]
       for (const body of bad) expect(yield* deliver(rt, body)).toBe(400)
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(fake.calls).toHaveLength(0)
     }))
 
-  it.scoped("200 at once, then the run completes in the background", () =>
+  test("200 at once, then the run completes in the background", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, { prompt: "hi" })
       const researcher = Agent.make({
@@ -121,7 +129,7 @@ describe("webhook handling", () => {
       expect(fake.executions.get(EXEC)!.status).toBe("completed")
     }))
 
-  it.scoped("accepts a v0.14.0 notice (no attempt, no lease timeout) and never invents an attempt", () =>
+  test("accepts a v0.14.0 notice (no attempt, no lease timeout) and never invents an attempt", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(agent, fake)
@@ -130,7 +138,7 @@ describe("webhook handling", () => {
       expect(fake.ops("completeExecution")[0]!.lease).toEqual({ dispatchId: D1, attempt: undefined })
     }))
 
-  it.scoped("a duplicate or stale delivery of the active run is ignored", () =>
+  test("a duplicate or stale delivery of the active run is ignored", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const slow = Agent.make({ id: "agent", handler: () => Effect.sleep("1 minute") })
@@ -140,7 +148,7 @@ describe("webhook handling", () => {
       expect(yield* deliver(rt, notice({ attempt: 2, lease: 120 }))).toBe(200)
       expect(yield* deliver(rt, notice({ attempt: 1, lease: 120 }))).toBe(200)
       expect(yield* deliver(rt, notice({ lease: 120 }))).toBe(200)
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(fake.ops("getExecution")).toHaveLength(1)
       expect(yield* rt.activeRuns).toBe(1)
       yield* TestClock.adjust("1 minute")
@@ -148,7 +156,7 @@ describe("webhook handling", () => {
       expect(fake.ops("completeExecution")).toHaveLength(1)
     }))
 
-  it.scoped("a delivery with unknown attempt duplicates an active run with a known one", () =>
+  test("a delivery with unknown attempt duplicates an active run with a known one", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const slow = Agent.make({ id: "agent", handler: () => Effect.sleep("1 minute") })
@@ -156,7 +164,7 @@ describe("webhook handling", () => {
       yield* deliver(rt, notice())
       yield* sleeping(2)
       yield* deliver(rt, notice({ attempt: 3 }))
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(fake.ops("getExecution")).toHaveLength(1)
     }))
 
@@ -164,7 +172,7 @@ describe("webhook handling", () => {
     ["a higher attempt", { attempt: 2, lease: 120 }],
     ["a different dispatch", { dispatch: D2, attempt: 1, lease: 120 }]
   ] as const) {
-    it.scoped(`${title} supersedes the active run, which writes nothing more`, () =>
+    test(`${title} supersedes the active run, which writes nothing more`, () =>
       Effect.gen(function*() {
         const fake = new FakeKernel().addExecution(EXEC, {})
         const slowTool = Tool.make("slow", {
@@ -192,7 +200,7 @@ describe("webhook handling", () => {
       }))
   }
 
-  it.scoped("a terminal execution is skipped silently", () =>
+  test("a terminal execution is skipped silently", () =>
     Effect.gen(function*() {
       for (const status of ["completed", "failed", "cancelled"]) {
         const fake = new FakeKernel().addExecution(EXEC, {}, status)
@@ -205,7 +213,7 @@ describe("webhook handling", () => {
       }
     }))
 
-  it.scoped("an unknown execution (404) stops the run", () =>
+  test("an unknown execution (404) stops the run", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel()
       const rt = yield* setup(agent, fake)
@@ -214,7 +222,7 @@ describe("webhook handling", () => {
       expect(fake.calls.map((c) => c.op)).toEqual(["getExecution"])
     }))
 
-  it.scoped("a transport failure reading the execution abandons the run: nothing posted, no heartbeats", () =>
+  test("a transport failure reading the execution abandons the run: nothing posted, no heartbeats", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       fake.getExecutionError = FakeKernel.transport("get")
@@ -227,7 +235,7 @@ describe("webhook handling", () => {
 })
 
 describe("abandoning", () => {
-  it.scoped("a submit transport failure abandons the run: no outcome, heartbeats stop", () =>
+  test("a submit transport failure abandons the run: no outcome, heartbeats stop", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(
@@ -235,8 +243,8 @@ describe("abandoning", () => {
           id: "agent",
           handler: () =>
             Effect.sleep("15 seconds").pipe(
-              Effect.zipRight(echo({ text: "x" })),
-              Effect.catchAll(() => Effect.succeed("swallowed"))
+              Effect.andThen(echo({ text: "x" })),
+              Effect.catch(() => Effect.succeed("swallowed"))
             )
         }),
         fake
@@ -252,7 +260,7 @@ describe("abandoning", () => {
 })
 
 describe("input and output", () => {
-  it.scoped("an input that does not decode fails the execution with input_invalid", () =>
+  test("an input that does not decode fails the execution with input_invalid", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, { prompt: 1 })
       let ran = false
@@ -270,7 +278,7 @@ describe("input and output", () => {
       ])
     }))
 
-  it.scoped("the output is encoded with the output schema; no value posts {}", () =>
+  test("the output is encoded with the output schema; no value posts {}", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, null)
       const dated = Agent.make({
@@ -291,7 +299,7 @@ describe("input and output", () => {
       expect(fake2.ops("completeExecution")[0]!.json).toBeUndefined()
     }))
 
-  it.scoped("an output that is not JSON fails the execution", () =>
+  test("an output that is not JSON fails the execution", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, null)
       const rt = yield* setup(Agent.make({ id: "agent", handler: () => Effect.succeed({ n: NaN }) }), fake)
@@ -320,7 +328,7 @@ describe("outcome mapping (failureReason)", () => {
     ["refusal marker", Effect.fail(new Error("403 {\"error\":{\"message\":\"rebuno_refusal: denied reason=no_llm\"}}")), "no_llm"]
   ]
   for (const [title, handler, reason] of cases) {
-    it.scoped(`${title} → ${reason}`, () =>
+    test(`${title} → ${reason}`, () =>
       Effect.gen(function*() {
         const fake = new FakeKernel().addExecution(EXEC, null)
         const rt = yield* setup(Agent.make({ id: "agent", handler: () => handler }), fake)
@@ -343,7 +351,7 @@ describe("outcome mapping (failureReason)", () => {
 describe("heartbeats", () => {
   const slow = Agent.make({ id: "agent", handler: () => Effect.sleep("95 seconds") })
 
-  it.scoped("every lease/3 (lease 30 s → every 10 s) for the whole run, then stop", () =>
+  test("every lease/3 (lease 30 s → every 10 s) for the whole run, then stop", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(slow, fake)
@@ -360,12 +368,12 @@ describe("heartbeats", () => {
       expect(fake.ops("completeExecution")).toHaveLength(1)
     }))
 
-  it.scoped("every 30 s when the lease is unknown or long; never under 1 s", () =>
+  test("every 30 s when the lease is unknown or long; never under 1 s", () =>
     Effect.gen(function*() {
       for (const [lease, expected] of [[undefined, [30_000, 60_000, 90_000]], [600, [30_000, 60_000, 90_000]]] as const) {
         const fake = new FakeKernel().addExecution(EXEC, {})
         const rt = yield* setup(slow, fake)
-        const start = yield* TestClock.currentTimeMillis
+        const start = yield* Clock.currentTimeMillis
         yield* deliver(rt, notice(lease === undefined ? { attempt: 1 } : { attempt: 1, lease }))
         yield* sleeping(2)
         yield* TestClock.adjust("95 seconds")
@@ -374,7 +382,7 @@ describe("heartbeats", () => {
       }
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(Agent.make({ id: "agent", handler: () => Effect.sleep("3500 millis") }), fake)
-      const start = yield* TestClock.currentTimeMillis
+      const start = yield* Clock.currentTimeMillis
       yield* deliver(rt, notice({ attempt: 1, lease: 1.5 }))
       yield* sleeping(2)
       yield* TestClock.adjust("3500 millis")
@@ -386,7 +394,7 @@ describe("heartbeats", () => {
       expect(Agent.heartbeatIntervalMillis(0.3)).toBe(1_000)
     }))
 
-  it.scoped("heartbeat errors other than lease_superseded are ignored", () =>
+  test("heartbeat errors other than lease_superseded are ignored", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       fake.onHeartbeat = () => Effect.fail(FakeKernel.transport("heartbeat"))
@@ -399,7 +407,7 @@ describe("heartbeats", () => {
       expect(fake.ops("completeExecution")).toHaveLength(1)
     }))
 
-  it.scoped("lease_superseded from a heartbeat interrupts the handler; nothing is reported after it", () =>
+  test("lease_superseded from a heartbeat interrupts the handler; nothing is reported after it", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       fake.onHeartbeat = (n) => n >= 2 ? Effect.fail(new LeaseSuperseded()) : Effect.void
@@ -407,7 +415,7 @@ describe("heartbeats", () => {
       const rt = yield* setup(
         Agent.make({
           id: "agent",
-          handler: () => Effect.sleep("25 seconds").pipe(Effect.zipRight(Step.now), Effect.tap(() => Effect.sync(() => { finished = true })))
+          handler: () => Effect.sleep("25 seconds").pipe(Effect.andThen(Step.now), Effect.tap(() => Effect.sync(() => { finished = true })))
         }),
         fake
       )
@@ -423,7 +431,7 @@ describe("heartbeats", () => {
 })
 
 describe("suspension backstop", () => {
-  it.scoped("a handler that swallows Blocked posts no outcome", () =>
+  test("a handler that swallows Blocked posts no outcome", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       fake.policy = () => ({ decision: "blocked", approvalId: "ap-1" })
@@ -437,13 +445,13 @@ describe("suspension backstop", () => {
       expect(fake.calls.map((c) => c.op)).toEqual(["getExecution", "submitStep"])
     }))
 
-  it.scoped("a handler that turns Terminated into another error posts no outcome", () =>
+  test("a handler that turns Terminated into another error posts no outcome", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       fake.script.push({ decision: "execution_terminal" })
       const rethrow = Agent.make({
         id: "agent",
-        handler: () => echo({ text: "x" }).pipe(Effect.catchAll(() => Effect.fail(new Error("wrapped"))))
+        handler: () => echo({ text: "x" }).pipe(Effect.catch(() => Effect.fail(new Error("wrapped"))))
       })
       const rt = yield* setup(rethrow, fake)
       yield* deliver(rt, notice({ attempt: 1 }))
@@ -451,7 +459,7 @@ describe("suspension backstop", () => {
       expect(fake.calls.map((c) => c.op)).toEqual(["getExecution", "submitStep"])
     }))
 
-  it.scoped("a handler failing with Blocked posts no outcome", () =>
+  test("a handler failing with Blocked posts no outcome", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(Agent.make({ id: "agent", handler: () => Effect.fail(new Blocked({})) }), fake)
@@ -460,7 +468,7 @@ describe("suspension backstop", () => {
       expect(fake.calls.map((c) => c.op)).toEqual(["getExecution"])
     }))
 
-  it.scoped("a refusal marker for blocked posts no outcome", () =>
+  test("a refusal marker for blocked posts no outcome", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       const rt = yield* setup(
@@ -479,11 +487,11 @@ describe("suspension backstop", () => {
 describe("HTTP", () => {
   const hello = Agent.make({ id: "agent", handler: () => Effect.succeed("hi") })
 
-  it.scoped("Agent.layer answers 404 to anything but POST on exactly the webhook path", () =>
+  test("Agent.layer answers 404 to anything but POST on exactly the webhook path", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
       yield* Layer.launch(Agent.layer(hello).pipe(Layer.provide(fake.layer))).pipe(Effect.forkScoped)
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       const client = yield* HttpClient.HttpClient
       const body = notice({ attempt: 1 })
       const signature = yield* Signature.sign(SECRET, body)
@@ -504,7 +512,7 @@ describe("HTTP", () => {
       expect(yield* post("/webhook", "sha256=00")).toEqual(bodiless(401))
       expect(yield* post("/webhook", signature)).toEqual(bodiless(200))
       yield* until(() => fake.ops("completeExecution").length === 1)
-    }).pipe(Effect.provide(NodeHttpServer.layerTest)), { timeout: 20_000 })
+    }).pipe(Effect.provide(NodeHttpServer.layerTest)), 20_000)
 
   it.live("Agent.toWebHandler serves Request → Response", () =>
     Effect.gen(function*() {

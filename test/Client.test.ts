@@ -1,8 +1,10 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Stream, TestClock } from "effect"
+import { Cause, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import * as Client from "../src/Client.js"
-import { makeSseParser } from "../src/internal/http.js"
+import { makeSseParser } from "../src/internal/http/exchange.js"
 import { InvalidArguments, KernelError } from "../src/RebunoError.js"
+import * as TrackedClock from "../src/testing/internal/trackedClock.js"
 import { type Answer, envelope, json, makeDouble, noContent, type Recorded } from "./support/httpDouble.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -20,7 +22,8 @@ const withClient = <A, E>(
 ) => {
   const double = makeDouble(script)
   return Effect.flatMap(Client.make({ baseUrl: BASE, ...options }), (client) => body(client, double.requests)).pipe(
-    Effect.provide(double.layer)
+    Effect.provide(double.layer),
+    Effect.provide(TrackedClock.layer)
   )
 }
 
@@ -34,20 +37,22 @@ const settleUntil = (done: () => boolean) =>
 /** Runs an effect to completion, moving the TestClock one second whenever it waits on a sleep. */
 const driveClock = <A, E>(effect: Effect.Effect<A, E>) =>
   Effect.gen(function*() {
-    const fiber = yield* Effect.fork(effect)
+    const fiber = yield* Effect.forkChild(effect)
     for (let i = 0; i < 1000; i++) {
-      const done = yield* Fiber.poll(fiber)
-      if (done._tag === "Some") break
+      if (fiber.pollUnsafe() !== undefined) break
       yield* settle
-      if (Chunk.size(yield* TestClock.sleeps()) > 0) yield* TestClock.adjust("1 second")
+      if ((yield* TrackedClock.pendingSleeps).length > 0) yield* TestClock.adjust("1 second")
     }
     return yield* Fiber.await(fiber)
   })
 
 const failureOf = <A, E>(exit: Exit.Exit<A, E>): E => {
   if (Exit.isSuccess(exit)) throw new Error("expected a failure")
-  if (exit.cause._tag !== "Fail") throw new Error(`expected a Fail cause, got ${exit.cause._tag}`)
-  return exit.cause.error
+  const reasons = exit.cause.reasons
+  if (reasons.length !== 1 || !Cause.isFailReason(reasons[0]!)) {
+    throw new Error(`expected a Fail cause, got ${reasons.map((r) => r._tag).join(", ")}`)
+  }
+  return reasons[0].error
 }
 
 const execution = (id: string, status = "running") => ({
@@ -111,7 +116,7 @@ describe("Client executions", () => {
         Effect.gen(function*() {
           expect(failureOf(yield* driveClock(client.create("hello", {})))).toMatchObject({ status: 503 })
           expect(requests).toHaveLength(1)
-          expect(failureOf(yield* driveClock(client.create("hello", {})))).toMatchObject({ reason: "Transport" })
+          expect(failureOf(yield* driveClock(client.create("hello", {})))).toMatchObject({ reason: { _tag: "TransportError" } })
           yield* TestClock.adjust("1 minute")
           expect(requests).toHaveLength(2)
         })
@@ -138,7 +143,11 @@ describe("Client executions", () => {
         Effect.gen(function*() {
           const error = failureOf(yield* Effect.exit(client.get(EXEC)))
           expect(error).toBeInstanceOf(KernelError)
-          expect(error).toMatchObject({ reason: "Status", status: 404, code: "not_found", description: "not found" })
+          expect(error).toMatchObject({
+            reason: { _tag: "StatusError", status: 404, code: "not_found", description: "not found" },
+            status: 404,
+            code: "not_found"
+          })
         })
     ))
 
@@ -178,7 +187,7 @@ describe("Client executions", () => {
       (client, requests) =>
         Effect.gen(function*() {
           const all = yield* Stream.runCollect(client.listAll({ limit: 2 }))
-          expect(Chunk.toReadonlyArray(all).map((e) => e.id)).toEqual([EXEC3, EXEC2, EXEC])
+          expect(all.map((e) => e.id)).toEqual([EXEC3, EXEC2, EXEC])
           expect(requests.map((r) => pathOf(r.url))).toEqual([
             "/v0/executions?limit=2",
             `/v0/executions?cursor=${EXEC2}&limit=2`,
@@ -240,7 +249,7 @@ describe("Client events", () => {
       },
       (client, requests) =>
         Effect.gen(function*() {
-          const fiber = yield* Effect.fork(Stream.runCollect(client.follow(EXEC)))
+          const fiber = yield* Effect.forkChild(Stream.runCollect(client.follow(EXEC)))
           yield* settleUntil(() => requests.length === 2)
           expect(requests.map((r) => pathOf(r.url))).toEqual([
             `/v0/executions/${EXEC}`,
@@ -254,7 +263,7 @@ describe("Client events", () => {
           expect(requests).toHaveLength(2)
           yield* TestClock.adjust("1 millis")
           const events = yield* Fiber.join(fiber)
-          expect(Chunk.toReadonlyArray(events).map((e) => e.eventSeq)).toEqual([1, 2, 3, 4, 5])
+          expect(events.map((e) => e.eventSeq)).toEqual([1, 2, 3, 4, 5])
           expect(requests.map((r) => pathOf(r.url))).toEqual([
             `/v0/executions/${EXEC}`,
             `/v0/executions/${EXEC}/events?after_seq=0&limit=100`,
@@ -279,7 +288,7 @@ describe("Client events", () => {
       (client, requests) =>
         Effect.gen(function*() {
           const events = yield* Stream.runCollect(client.follow(EXEC, { afterSeq: 1, limit: 2, pollInterval: "1 hour" }))
-          expect(Chunk.toReadonlyArray(events).map((e) => e.eventSeq)).toEqual([2, 3, 4, 5, 6, 7])
+          expect(events.map((e) => e.eventSeq)).toEqual([2, 3, 4, 5, 6, 7])
           expect(requests.filter((r) => !r.url.includes("/events"))).toHaveLength(1)
         })
     ))
@@ -325,7 +334,7 @@ describe("Client live deltas (SSE)", () => {
       (client, requests) =>
         Effect.gen(function*() {
           const deltas = yield* Stream.runCollect(client.deltas(EXEC))
-          expect(Chunk.toReadonlyArray(deltas)).toEqual([
+          expect(deltas).toEqual([
             { stepId: STEP, seq: 0, data: "hel" },
             { stepId: "s2", seq: 1, data: "é€🙂<" },
             { stepId: "s2", seq: 2, data: "" }
@@ -354,7 +363,7 @@ describe("Client live deltas (SSE)", () => {
       (client) =>
         Effect.gen(function*() {
           const deltas = yield* Stream.runCollect(client.deltas(EXEC))
-          expect(Chunk.toReadonlyArray(deltas)).toEqual([{ stepId: "a", seq: 0, data: "€" }])
+          expect(deltas).toEqual([{ stepId: "a", seq: 0, data: "€" }])
         })
     )
   })
@@ -365,7 +374,11 @@ describe("Client live deltas (SSE)", () => {
       (client) =>
         Effect.gen(function*() {
           const exit = yield* Effect.exit(Stream.runCollect(client.deltas("not-a-uuid")))
-          expect(failureOf(exit)).toMatchObject({ reason: "Status", status: 400, code: "validation_error" })
+          expect(failureOf(exit)).toMatchObject({
+            reason: { _tag: "StatusError", status: 400, code: "validation_error" },
+            status: 400,
+            code: "validation_error"
+          })
         })
     ))
 
@@ -375,7 +388,7 @@ describe("Client live deltas (SSE)", () => {
       (client) =>
         Effect.gen(function*() {
           const exit = yield* Effect.exit(Stream.runCollect(client.deltas(EXEC)))
-          expect(failureOf(exit)).toMatchObject({ reason: "Decode" })
+          expect(failureOf(exit)).toMatchObject({ reason: { _tag: "DecodeError" } })
         })
     ))
 
@@ -508,7 +521,10 @@ describe("Client steps, approvals, agents, policies", () => {
           expect(error).toMatchObject({
             status: 400,
             code: "validation_error",
-            description: "load policy bundle: validation error: invalid policy bundle: x"
+            reason: {
+              _tag: "StatusError",
+              description: "load policy bundle: validation error: invalid policy bundle: x"
+            }
           })
           expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual([
             [
@@ -558,20 +574,23 @@ describe("Client configuration", () => {
       () => "never",
       (client, requests) =>
         Effect.gen(function*() {
-          const fiber = yield* Effect.fork(client.create("hello"))
+          const fiber = yield* Effect.forkChild(client.create("hello"))
           yield* settleUntil(() => requests.length === 1)
           yield* TestClock.adjust("5 seconds")
           const error = failureOf(yield* Fiber.await(fiber))
-          expect(error).toMatchObject({ _tag: "KernelError", reason: "Transport" })
+          expect(error).toMatchObject({ _tag: "KernelError", reason: { _tag: "TransportError" } })
           expect(requests).toHaveLength(1)
         }),
       { timeout: "5 seconds" }
     ))
 
   const getVia = (layer: Layer.Layer<Client.Client, unknown>, env: ReadonlyArray<readonly [string, string]>) =>
-    Effect.flatMap(Client.Client, (client) => client.listApprovals()).pipe(
+    Client.Client.use((client) => client.listApprovals()).pipe(
       Effect.provide(layer),
-      Effect.withConfigProvider(ConfigProvider.fromMap(new Map(env))),
+      Effect.provideService(
+        ConfigProvider.ConfigProvider,
+        ConfigProvider.fromUnknown(Object.fromEntries(env), { preserveEmptyStrings: true })
+      ),
       Effect.exit
     )
 

@@ -1,7 +1,8 @@
-import { OpenAiClient } from "@effect/ai-openai"
-import { FetchHttpClient, HttpBody, HttpClient, HttpClientRequest, HttpClientResponse } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
+import { Context, Effect, flow, Layer, Option, Redacted, Schema, Stream } from "effect"
+import { Sse } from "effect/encoding"
+import { FetchHttpClient, HttpClient, HttpClientRequest, HttpClientResponse } from "effect/http"
+import type { HttpClientError } from "effect/http"
 import OpenAI, { APIError } from "openai"
 import * as Execution from "../src/Execution.js"
 import { KernelClient } from "../src/KernelClient.js"
@@ -12,15 +13,17 @@ import type * as Protocol from "../src/Protocol.js"
 import {
   Abandoned,
   Blocked,
+  DecodeError,
   InvalidArguments,
   KernelError,
   LeaseSuperseded,
   PolicyError,
   RateLimited,
   Terminated,
-  ToolError
+  ToolError,
+  TransportError
 } from "../src/RebunoError.js"
-import { cutDeltas, DeltaBuffer } from "../src/internal/llmStream.js"
+import { cutDeltas, DeltaBuffer } from "../src/internal/run/llmStream.js"
 import * as FakeOpenAi from "./support/fakeOpenAi.js"
 
 // ---------------------------------------------------------------------------
@@ -179,7 +182,7 @@ const LONG_REPLY = "Durable héllo wörld — ☃ 😀 ✓ ".repeat(300)
 // ---------------------------------------------------------------------------
 
 describe("Llm.makeFetch with the openai client", () => {
-  it.scoped("first run calls the provider once and records the response; replay does not call it", () =>
+  it.effect("first run calls the provider once and records the response; replay does not call it", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: "The answer is 42." })
       const kernel = new TestKernel()
@@ -206,7 +209,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(kernel.completes).toHaveLength(1)
     }))
 
-  it.scoped("streaming: the caller gets the text live, deltas are published (seq 0.., ≤ 1750 chars), replay streams it back", () =>
+  it.effect("streaming: the caller gets the text live, deltas are published (seq 0.., ≤ 1750 chars), replay streams it back", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: LONG_REPLY })
       const kernel = new TestKernel()
@@ -238,7 +241,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(kernel.completes).toHaveLength(1)
     }))
 
-  it.scoped("streaming: a consumer that stops early records what it read, exactly once", () =>
+  it.effect("streaming: a consumer that stops early records what it read, exactly once", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: LONG_REPLY })
       const kernel = new TestKernel()
@@ -256,7 +259,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(kernel.deltas.map((d) => d.data).join("")).toBe(body)
     }))
 
-  it.scoped("streaming: a mid-stream read error fails the step and errors the caller's stream", () =>
+  it.effect("streaming: a mid-stream read error fails the step and errors the caller's stream", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: LONG_REPLY })
       fake.mode = "cut"
@@ -269,7 +272,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(kernel.fails.map((f) => f.stepId)).toEqual(["step-0"])
     }))
 
-  it.scoped("denied → 403 APIError through openai, which raiseForRefusal turns into PolicyError", () =>
+  it.effect("denied → 403 APIError through openai, which raiseForRefusal turns into PolicyError", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -289,7 +292,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(kernel.completes).toHaveLength(0)
     }))
 
-  it.scoped("liftRefusals surfaces the typed refusal in the error channel", () =>
+  it.effect("liftRefusals surfaces the typed refusal in the error channel", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -301,7 +304,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect((error as PolicyError).reason).toBe("denied by policy")
     }))
 
-  it.scoped("blocked → 403, Blocked recorded on the run", () =>
+  it.effect("blocked → 403, Blocked recorded on the run", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -321,7 +324,7 @@ describe("Llm.makeFetch with the openai client", () => {
       expect(fake.calls).toBe(0)
     }))
 
-  it.scoped("rate_limited → 429 that the openai client does not retry; RateLimited with the reason", () =>
+  it.effect("rate_limited → 429 that the openai client does not retry; RateLimited with the reason", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -383,7 +386,7 @@ describe("Llm.makeFetch refusal answers", () => {
   it.effect("a submit transport failure records Abandoned and rejects", () =>
     Effect.gen(function*() {
       const kernel = new TestKernel()
-      kernel.script.push(new KernelError({ reason: "Transport", description: "connection reset" }))
+      kernel.script.push(new KernelError({ reason: new TransportError({ description: "connection reset" }) }))
       const [error, signal] = yield* Effect.gen(function*() {
         const fetch = yield* Llm.makeFetch({ fetch: never })
         const error = yield* Effect.flip(Effect.tryPromise({ try: () => fetch(URL, { method: "POST", body: BODY }), catch: (e) => e }))
@@ -444,12 +447,13 @@ describe("Llm.makeFetch refusal answers", () => {
         return yield* Effect.flip(Effect.tryPromise({ try: () => fetch(URL, { method: "POST", body: BODY }), catch: (e) => e }))
       }).pipe(inRun(kernel))
       expect(error).toBeInstanceOf(KernelError)
-      expect((error as KernelError).description).toBe("unexpected step decision: recorded")
+      expect((error as KernelError).reason).toBeInstanceOf(DecodeError)
+      expect((error as KernelError).reason.description).toBe("unexpected step decision: recorded")
     }))
 })
 
 describe("Llm.makeFetch proceed and passthrough", () => {
-  it.scoped("error statuses are recorded as successful steps and replayed", () =>
+  it.effect("error statuses are recorded as successful steps and replayed", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       fake.mode = "error"
@@ -508,7 +512,7 @@ describe("Llm.makeFetch proceed and passthrough", () => {
       expect(kernel.completes).toHaveLength(0)
     }))
 
-  it.scoped("non-JSON-object bodies and requests without a body pass through untouched", () =>
+  it.effect("non-JSON-object bodies and requests without a body pass through untouched", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -527,7 +531,7 @@ describe("Llm.makeFetch proceed and passthrough", () => {
       expect(fake.calls).toBe(4)
     }))
 
-  it.scoped("outside a run, makeFetchOptional passes through", () =>
+  it.effect("outside a run, makeFetchOptional passes through", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: "plain" })
       const fetch = yield* Llm.makeFetchOptional()
@@ -535,7 +539,7 @@ describe("Llm.makeFetch proceed and passthrough", () => {
       expect(fake.calls).toBe(1)
     }))
 
-  it.scoped("inside a run, makeFetchOptional records", () =>
+  it.effect("inside a run, makeFetchOptional records", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -549,36 +553,96 @@ describe("Llm.makeFetch proceed and passthrough", () => {
 // Effect-native clients
 // ---------------------------------------------------------------------------
 
+// A small OpenAI-compatible chat-completions client on `effect/http`, built
+// the way Effect's provider clients are: the `HttpClient` from context, the API
+// URL and bearer token added to every request, an optional `transformClient`,
+// then only 2xx answers accepted. Streams are read as server-sent events up to
+// `data: [DONE]`.
+
+const Completion = Schema.Struct({
+  choices: Schema.Array(Schema.Struct({ message: Schema.Struct({ content: Schema.NullOr(Schema.String) }) }))
+})
+
+const CompletionChunk = Schema.Struct({
+  choices: Schema.Array(Schema.Struct({ delta: Schema.Struct({ content: Schema.optional(Schema.String) }) }))
+})
+const decodeChunk = Schema.decodeEffect(Schema.fromJsonString(CompletionChunk))
+
+interface ChatRequest {
+  readonly model: string
+  readonly messages: ReadonlyArray<{ readonly role: string; readonly content: string }>
+}
+
+class ChatClient extends Context.Service<ChatClient, {
+  readonly createChatCompletion: (
+    request: ChatRequest
+  ) => Effect.Effect<typeof Completion.Type, HttpClientError.HttpClientError | Schema.SchemaError>
+  readonly streamChatCompletion: (
+    request: ChatRequest
+  ) => Stream.Stream<
+    typeof CompletionChunk.Type,
+    HttpClientError.HttpClientError | Sse.Retry | Sse.SseError | Schema.SchemaError
+  >
+}>()("test/ChatClient") {}
+
+const makeChatClient = (options: {
+  readonly apiKey: Redacted.Redacted
+  readonly apiUrl: string
+  readonly transformClient?: ((client: HttpClient.HttpClient) => HttpClient.HttpClient) | undefined
+}) =>
+  Effect.gen(function*() {
+    const client = (yield* HttpClient.HttpClient).pipe(
+      HttpClient.mapRequest(flow(
+        HttpClientRequest.prependUrl(options.apiUrl),
+        HttpClientRequest.bearerToken(Redacted.value(options.apiKey)),
+        HttpClientRequest.acceptJson
+      )),
+      options.transformClient ?? ((client) => client),
+      HttpClient.filterStatusOk
+    )
+    const post = (body: object) =>
+      HttpClientRequest.post("/chat/completions").pipe(HttpClientRequest.bodyJsonUnsafe(body))
+    return ChatClient.of({
+      createChatCompletion: (request) =>
+        client.execute(post(request)).pipe(Effect.flatMap(HttpClientResponse.schemaBodyJson(Completion))),
+      streamChatCompletion: (request) =>
+        client.execute(post({ ...request, stream: true })).pipe(
+          Effect.map((response) =>
+            response.stream.pipe(
+              Stream.decodeText,
+              Stream.pipeThroughChannel(Sse.decode()),
+              Stream.takeWhile((event) => event.data !== "[DONE]"),
+              Stream.mapEffect((event) => decodeChunk(event.data))
+            )
+          ),
+          Stream.unwrap
+        )
+    })
+  })
+
+const chatLayer = (options: Parameters<typeof makeChatClient>[0]) => Layer.effect(ChatClient, makeChatClient(options))
+
 const openAiLayer = (fake: FakeOpenAi.FakeOpenAi) =>
-  OpenAiClient.layer({ apiKey: Redacted.make("sk-test"), apiUrl: fake.url, transformClient: Llm.transformClient }).pipe(
+  chatLayer({ apiKey: Redacted.make("sk-test"), apiUrl: fake.url, transformClient: Llm.transformClient }).pipe(
     Layer.provide(FetchHttpClient.layer)
   )
 
-const createCompletion = Effect.flatMap(OpenAiClient.OpenAiClient, ({ client }) =>
-  client.createChatCompletion({ model: MODEL, messages: [{ role: "user", content: "hi" }] }))
+const chatRequest: ChatRequest = { model: MODEL, messages: [{ role: "user", content: "hi" }] }
 
-const ChunkSchema = Schema.Struct({
-  choices: Schema.Array(Schema.Struct({ delta: Schema.Struct({ content: Schema.optional(Schema.String) }) }))
-})
+const createCompletion = Effect.flatMap(Effect.service(ChatClient), (client) => client.createChatCompletion(chatRequest))
 
 const streamCompletionTake = (take: number) =>
-  Effect.flatMap(OpenAiClient.OpenAiClient, (service) =>
-    service.streamRequest(
-      HttpClientRequest.post("/chat/completions", {
-        body: HttpBody.unsafeJson({ model: MODEL, messages: [{ role: "user", content: "hi" }], stream: true })
-      }),
-      ChunkSchema
-    ).pipe(
+  Effect.flatMap(Effect.service(ChatClient), (client) =>
+    client.streamChatCompletion(chatRequest).pipe(
       Stream.take(take),
       Stream.map((chunk) => chunk.choices[0]?.delta.content ?? ""),
-      Stream.runCollect,
-      Effect.map((pieces) => Chunk.join(pieces, ""))
+      Stream.mkString
     ))
 
 const streamCompletion = streamCompletionTake(Number.MAX_SAFE_INTEGER)
 
-describe("Llm.transformClient with @effect/ai-openai", () => {
-  it.scoped("records a completion and replays it without calling the provider", () =>
+describe("Llm.transformClient with an Effect-native client", () => {
+  it.effect("records a completion and replays it without calling the provider", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: "effect native" })
       const kernel = new TestKernel()
@@ -598,7 +662,7 @@ describe("Llm.transformClient with @effect/ai-openai", () => {
       expect(kernel.completes).toHaveLength(1)
     }))
 
-  it.scoped("tees a streamed completion (deltas published) and replays it", () =>
+  it.effect("tees a streamed completion (deltas published) and replays it", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: LONG_REPLY })
       const kernel = new TestKernel()
@@ -615,7 +679,7 @@ describe("Llm.transformClient with @effect/ai-openai", () => {
       expect(kernel.deltas).toHaveLength(deltas)
     }))
 
-  it.scoped("a denial surfaces as an error that raiseForRefusal turns into PolicyError with the exact reason", () =>
+  it.effect("a denial surfaces as an error that raiseForRefusal turns into PolicyError with the exact reason", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped()
       const kernel = new TestKernel()
@@ -633,7 +697,7 @@ describe("Llm.transformClient with @effect/ai-openai", () => {
       expect(fake.calls).toBe(0)
     }))
 
-  it.scoped("a stream the consumer stops early is recorded once with what was read; a cut stream fails the step", () =>
+  it.effect("a stream the consumer stops early is recorded once with what was read; a cut stream fails the step", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: LONG_REPLY })
       const kernel = new TestKernel()
@@ -651,11 +715,11 @@ describe("Llm.transformClient with @effect/ai-openai", () => {
       expect(cut.fails).toHaveLength(1)
     }))
 
-  it.scoped("layerHttpClient records every client built on it", () =>
+  it.effect("layerHttpClient records every client built on it", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: "via layer" })
       const kernel = new TestKernel()
-      const layer = OpenAiClient.layer({ apiKey: Redacted.make("sk-test"), apiUrl: fake.url }).pipe(
+      const layer = chatLayer({ apiKey: Redacted.make("sk-test"), apiUrl: fake.url }).pipe(
         Layer.provide(Llm.layerHttpClient),
         Layer.provide(FetchHttpClient.layer)
       )
@@ -697,7 +761,7 @@ describe("Llm.transformClient with @effect/ai-openai", () => {
       expect(paths).toEqual([`/v0/executions/${EXEC}/steps`, `/v0/executions/${EXEC}/steps/s1/complete`])
     }))
 
-  it.scoped("outside a run the client passes through", () =>
+  it.effect("outside a run the client passes through", () =>
     Effect.gen(function*() {
       const fake = yield* FakeOpenAi.scoped({ reply: "no run" })
       const result = yield* createCompletion.pipe(Effect.provide(openAiLayer(fake)))

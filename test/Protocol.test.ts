@@ -1,12 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Either, Redacted, Schema } from "effect"
+import { Redacted, Result, Schema } from "effect"
 import * as Protocol from "../src/Protocol.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
 const DISPATCH = "0192f1a0-0000-7000-8000-0000000000d1"
 const STEP = "cd3f" + "0".repeat(56) + "5c29"
 
-const decode = <A, I>(schema: Schema.Schema<A, I, never>, u: unknown): A => Schema.decodeUnknownSync(schema)(u)
+const decode = <S extends Schema.ConstraintDecoder<unknown>>(schema: S, u: unknown): S["Type"] =>
+  Schema.decodeUnknownSync(schema)(u)
 
 describe("WebhookNotice", () => {
   const accepted: ReadonlyArray<readonly [string, Protocol.WebhookNotice]> = [
@@ -68,7 +69,7 @@ describe("WebhookNotice", () => {
     } catch {
       return
     }
-    expect(Either.isLeft(Schema.decodeUnknownEither(Protocol.WebhookNotice)(parsed))).toBe(true)
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.WebhookNotice)(parsed))).toBe(true)
   })
 })
 
@@ -115,7 +116,7 @@ describe("StepDecision", () => {
 
   it.each([null, [], "proceed", 1, {}, { decision: 1 }, { decision: null }])("rejects %j", (wire) => {
     expect(Protocol.decodeStepDecision(wire)).toBeUndefined()
-    expect(Either.isLeft(Schema.decodeUnknownEither(Protocol.StepDecision)(wire))).toBe(true)
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.StepDecision)(wire))).toBe(true)
   })
 })
 
@@ -132,7 +133,8 @@ describe("Execution", () => {
       updated_at: "2026-08-18T19:40:54.123456789Z",
       future_member: { x: 1 }
     })
-    expect(execution).toBeInstanceOf(Protocol.Execution)
+    // A plain object now (Protocol's wire objects are Structs, not classes).
+    expect(Object.getPrototypeOf(execution)).toBe(Object.prototype)
     expect({ ...execution }).toEqual({
       id: EXEC,
       agentId: "hello",
@@ -156,7 +158,7 @@ describe("Execution", () => {
   })
 
   it("rejects a wrongly typed member", () => {
-    expect(Either.isLeft(Schema.decodeUnknownEither(Protocol.Execution)({ id: 1, status: "running" }))).toBe(true)
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.Execution)({ id: 1, status: "running" }))).toBe(true)
   })
 })
 

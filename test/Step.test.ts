@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Option, Schema, TestClock } from "effect"
+import { Deferred, Effect, Option, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import * as Execution from "../src/Execution.js"
 import {
   Abandoned,
@@ -9,6 +10,7 @@ import {
   LeaseSuperseded,
   PolicyError,
   RateLimited,
+  StatusError,
   StepDecodeError,
   Terminated,
   ToolError
@@ -157,7 +159,8 @@ describe("Step.make", () => {
       fake.script.push({ decision: "maybe", stepId: "s" })
       const error = yield* Effect.flip(Step.make({ kind: "tool_call", target: "t", body: () => Effect.succeed(1) }).pipe(inRun(fake)))
       expect(error).toBeInstanceOf(KernelError)
-      expect((error as KernelError).description).toBe("unexpected step decision: maybe")
+      expect((error as KernelError).reason._tag).toBe("DecodeError")
+      expect((error as KernelError).reason.description).toBe("unexpected step decision: maybe")
     }))
 
   it.effect("replay with an error → ToolError '<target>: message' carrying the error", () =>
@@ -194,8 +197,8 @@ describe("Step.make", () => {
         body: () => Effect.never
       })
       // the first run dies mid-body: the step stays executing
-      yield* Effect.fork(inRun(fake, run1)(step))
-      yield* Effect.yieldNow()
+      yield* Effect.forkChild(inRun(fake, run1)(step))
+      yield* Effect.yieldNow
       const error = (yield* Effect.flip(inRun(fake, run2)(step))) as ToolError
       expect(error).toBeInstanceOf(ToolError)
       expect(error.indeterminate).toBe(true)
@@ -228,7 +231,7 @@ describe("Step.make", () => {
     Effect.gen(function*() {
       const fake = new FakeKernel()
       fake.onFail = () =>
-        Effect.fail(new KernelError({ reason: "Status", status: 400, code: "validation_error", description: "x" }))
+        Effect.fail(new KernelError({ reason: new StatusError({ status: 400, code: "validation_error", description: "x" }) }))
       const step = Step.make({ kind: "local", target: "x", body: () => Effect.fail("nope") })
       expect(yield* Effect.flip(inRun(fake)(step))).toBeInstanceOf(ToolError)
       fake.onFail = () => Effect.fail(new LeaseSuperseded())
@@ -248,7 +251,7 @@ describe("Step.make", () => {
         target: "order",
         success: Schema.String,
         failure: OutOfStock,
-        body: () => Effect.zipRight(body.bump(0), Effect.fail(new OutOfStock({ sku: "A-1" })))
+        body: () => Effect.andThen(body.bump(0), Effect.fail(new OutOfStock({ sku: "A-1" })))
       })
       const first = yield* Effect.flip(inRun(fake, run1)(step))
       expect(first).toBeInstanceOf(OutOfStock)

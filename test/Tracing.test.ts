@@ -6,7 +6,7 @@
  * path, which otherwise encodes synchronously.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Option, ParseResult, Schema, Tracer } from "effect"
+import { Effect, Option, Schema, SchemaIssue, SchemaTransformation, Tracer } from "effect"
 import * as Execution from "../src/Execution.js"
 import * as Step from "../src/Step.js"
 import * as Tool from "../src/Tool.js"
@@ -30,7 +30,7 @@ const recordingTracer = () => {
   const spans: Array<Recorded> = []
   let ids = 0
   const tracer = Tracer.make({
-    span: (name, parent, context, links, startTime, kind) => {
+    span: ({ annotations, kind, links, name, parent, sampled, startTime }) => {
       const record: Recorded = {
         name,
         parent: Option.isSome(parent) && parent.value._tag === "Span" ? parent.value.name : undefined,
@@ -44,13 +44,13 @@ const recordingTracer = () => {
         spanId: String(++ids),
         traceId: "trace",
         parent,
-        context,
+        annotations,
         get status(): Tracer.SpanStatus {
           return ended ?? { _tag: "Started", startTime }
         },
         attributes: record.attributes,
         links: [...links],
-        sampled: true,
+        sampled,
         kind,
         end: (endTime, exit) => {
           ended = { _tag: "Ended", startTime, endTime, exit }
@@ -59,8 +59,7 @@ const recordingTracer = () => {
         event: () => {},
         addLinks: () => {}
       }
-    },
-    context: (f) => f()
+    }
   })
   return { tracer, spans }
 }
@@ -118,11 +117,13 @@ describe("spans on the step path", () => {
 })
 
 /** A string stored as its length-prefixed form, through an asynchronous transformation. */
-const Delayed = Schema.transformOrFail(Schema.String, Schema.String, {
-  strict: true,
-  decode: (s) => Effect.as(Effect.sleep("1 millis"), s.slice(s.indexOf(":") + 1)),
-  encode: (s) => Effect.as(Effect.sleep("1 millis"), `${s.length}:${s}`)
-})
+const Delayed = Schema.String.pipe(Schema.decodeTo(
+  Schema.String,
+  SchemaTransformation.transformEffect({
+    decode: (s) => Effect.as(Effect.sleep("1 millis"), s.slice(s.indexOf(":") + 1)),
+    encode: (s) => Effect.as(Effect.sleep("1 millis"), `${s.length}:${s}`)
+  })
+))
 
 describe("schemas that need an Effect", () => {
   it.live("asynchronous argument, result and replay codecs take the Effect path", () =>
@@ -150,11 +151,14 @@ describe("schemas that need an Effect", () => {
   it.live("an asynchronous result schema that fails records the step as failed", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel()
-      const Refusing = Schema.transformOrFail(Schema.String, Schema.String, {
-        strict: true,
-        decode: (s) => Effect.succeed(s),
-        encode: (s, _, ast) => Effect.flatMap(Effect.sleep("1 millis"), () => Effect.fail(new ParseResult.Type(ast, s)))
-      })
+      const Refusing = Schema.String.pipe(Schema.decodeTo(
+        Schema.String,
+        SchemaTransformation.transformEffect({
+          decode: (s) => Effect.succeed(s),
+          encode: (s, options) =>
+            Effect.flatMap(Effect.sleep("1 millis"), () => Effect.fail(new SchemaIssue.InvalidValue(undefined, s, options)))
+        })
+      ))
       const bad = Tool.make("bad", {
         args: Schema.Struct({}),
         success: Refusing,

@@ -1,3 +1,4 @@
+#!/usr/bin/env node
 /**
  * The `effect-rebuno` command line. `effect-rebuno dev` starts the embedded
  * kernel with the reference kernel's dev manifest format and `REBUNO_*`
@@ -6,67 +7,81 @@
  *
  * @since 0.1.0
  */
-import * as Command from "@effect/cli/Command"
-import * as HelpDoc from "@effect/cli/HelpDoc"
-import * as Options from "@effect/cli/Options"
-import * as ValidationError from "@effect/cli/ValidationError"
-import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
-import * as ConfigError from "effect/ConfigError"
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import * as Cause from "effect/Cause"
+import * as CliError from "effect/cli/CliError"
+import * as CliOutput from "effect/cli/CliOutput"
+import * as Command from "effect/cli/Command"
+import * as Flag from "effect/cli/Flag"
+import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
+import * as Runtime from "effect/Runtime"
 import * as KernelConfig from "../kernel/Config.js"
 import * as Kernel from "../kernel/index.js"
 import { parseMillis } from "../kernel/internal/duration.js"
 
-const invalid = (message: string): Effect.Effect<never, ValidationError.ValidationError> =>
-  Effect.fail(ValidationError.invalidValue(HelpDoc.p(message)))
+const invalid = (message: string): Effect.Effect<never, CliError.CliError> =>
+  Effect.fail(new CliError.ValidationError({ message }))
 
-const durationOption = (name: string, description: string) =>
-  Options.text(name).pipe(
-    Options.withDescription(description),
-    Options.mapEffect((text) => {
+const durationFlag = (name: string, description: string) =>
+  Flag.String(name).pipe(
+    Flag.withDescription(description),
+    Flag.mapEffect((text) => {
       const ms = parseMillis(text.trim())
       return ms === undefined || ms < 0
         ? invalid(`--${name}: invalid duration ${JSON.stringify(text)} (Go syntax, e.g. 90s, 2m)`)
         : Effect.succeed(ms)
     }),
-    Options.optional
+    Flag.optional
   )
 
-const positiveIntOption = (name: string, description: string) =>
-  Options.integer(name).pipe(
-    Options.withDescription(description),
-    Options.mapEffect((n) => n > 0 ? Effect.succeed(n) : invalid(`--${name}: must be greater than 0`)),
-    Options.optional
+const positiveIntFlag = (name: string, description: string) =>
+  Flag.Int(name).pipe(
+    Flag.withDescription(description),
+    Flag.mapEffect((n) => n > 0 ? Effect.succeed(n) : invalid(`--${name}: must be greater than 0`)),
+    Flag.optional
   )
 
-const devOptions = {
-  host: Options.text("host").pipe(
-    Options.withDescription("Interface to listen on (default 127.0.0.1, or the host of REBUNO_LISTEN_ADDR)"),
-    Options.optional
+const devFlags = {
+  host: Flag.String("host").pipe(
+    Flag.withDescription("Interface to listen on (default 127.0.0.1, or the host of REBUNO_LISTEN_ADDR)"),
+    Flag.optional
   ),
-  port: Options.integer("port").pipe(
-    Options.withDescription("Port to listen on (default 8080, or the port of REBUNO_LISTEN_ADDR; 0 = any free port)"),
-    Options.optional
+  port: Flag.Int("port").pipe(
+    Flag.withDescription("Port to listen on (default 8080, or the port of REBUNO_LISTEN_ADDR; 0 = any free port)"),
+    Flag.optional
   ),
-  config: Options.text("config").pipe(
-    Options.withAlias("c"),
-    Options.withDescription("Dev manifest (YAML with an agents: list)"),
-    Options.optional
+  config: Flag.String("config").pipe(
+    Flag.withAlias("c"),
+    Flag.withDescription("Dev manifest (YAML with an agents: list)"),
+    Flag.optional
   ),
-  leaseTimeout: durationOption("lease-timeout", "Dispatch lease timeout (REBUNO_DISPATCH_LEASE_TIMEOUT, default 2m)"),
-  dispatchTimeout: durationOption("dispatch-timeout", "Webhook HTTP timeout (REBUNO_DISPATCH_TIMEOUT, default 30s)"),
-  maxAttempts: positiveIntOption("max-attempts", "Max delivery attempts (REBUNO_DISPATCH_MAX_ATTEMPTS, default 5)"),
-  concurrency: positiveIntOption("dispatch-concurrency", "Deliveries in flight (REBUNO_DISPATCH_CONCURRENCY, default 8)"),
-  approvalTimeout: durationOption("approval-timeout", "Default approval timeout (REBUNO_APPROVAL_TIMEOUT, default 15m)"),
-  deadlineTimeout: durationOption("deadline-timeout", "Execution deadline (REBUNO_DEADLINE_TIMEOUT, default off)"),
-  apiToken: Options.redacted("api-token").pipe(
-    Options.withDescription("Bearer token for client/admin routes (REBUNO_API_TOKEN; default: dev mode, no auth)"),
-    Options.optional
+  leaseTimeout: durationFlag("lease-timeout", "Dispatch lease timeout (REBUNO_DISPATCH_LEASE_TIMEOUT, default 2m)"),
+  dispatchTimeout: durationFlag("dispatch-timeout", "Webhook HTTP timeout (REBUNO_DISPATCH_TIMEOUT, default 30s)"),
+  maxAttempts: positiveIntFlag("max-attempts", "Max delivery attempts (REBUNO_DISPATCH_MAX_ATTEMPTS, default 5)"),
+  concurrency: positiveIntFlag("dispatch-concurrency", "Deliveries in flight (REBUNO_DISPATCH_CONCURRENCY, default 8)"),
+  approvalTimeout: durationFlag("approval-timeout", "Default approval timeout (REBUNO_APPROVAL_TIMEOUT, default 15m)"),
+  deadlineTimeout: durationFlag("deadline-timeout", "Execution deadline (REBUNO_DEADLINE_TIMEOUT, default off)"),
+  apiToken: Flag.Redacted("api-token").pipe(
+    Flag.withDescription("Bearer token for client/admin routes (REBUNO_API_TOKEN; default: dev mode, no auth)"),
+    Flag.optional
   )
 }
+
+/** The one line printed on stderr when `dev` cannot start. */
+const describeFailure = (error: unknown): string =>
+  error instanceof Config.ConfigError
+    ? `invalid configuration ${String(error)}`
+    : typeof error === "object" && error !== null && "_tag" in error && error._tag === "ServeError" &&
+        "cause" in error
+    ? `cannot listen: ${error.cause instanceof Error ? error.cause.message : String(error.cause)}`
+    : typeof error === "object" && error !== null && "message" in error
+    ? String(error.message)
+    : String(error)
 
 /**
  * `effect-rebuno dev`.
@@ -74,7 +89,7 @@ const devOptions = {
  * @since 0.1.0
  * @category commands
  */
-export const dev = Command.make("dev", devOptions, (flags) =>
+export const dev = Command.make("dev", devFlags, (flags) =>
   Effect.gen(function*() {
     const env = yield* KernelConfig.kernelConfig
     const listen = Option.getOrUndefined(env.listen)
@@ -110,19 +125,7 @@ export const dev = Command.make("dev", devOptions, (flags) =>
     return yield* Effect.never
   }).pipe(
     Effect.scoped,
-    Effect.tapError((error) =>
-      Console.error(
-        `effect-rebuno: ${
-          ConfigError.isConfigError(error)
-            ? `invalid configuration ${String(error)}`
-            : error._tag === "ServeError"
-            ? `cannot listen: ${error.cause instanceof Error ? error.cause.message : String(error.cause)}`
-            : typeof error === "object" && error !== null && "message" in error
-            ? String(error.message)
-            : String(error)
-        }`
-      )
-    )
+    Effect.tapError((error) => Console.error(`effect-rebuno: ${describeFailure(error)}`))
   )).pipe(Command.withDescription("Run the embedded in-memory Rebuno kernel"))
 
 /**
@@ -137,14 +140,44 @@ export const command = Command.make("effect-rebuno").pipe(
 )
 
 /**
- * Runs the CLI with the given process arguments (`process.argv`).
+ * How the CLI answers a bad command line and `--version`, as it always has:
+ * only the error, one line each, on stderr (no help page around it; `--help`
+ * shows that), and the bare version number.
  *
  * @since 0.1.0
  * @category running
  */
-export const run = Command.run(command, { name: "effect-rebuno", version: "0.1.0" })
+export const presenter: CliOutput.Presenter = {
+  present: (event) => {
+    switch (event._tag) {
+      case "InvalidInvocation":
+        return Effect.forEach(event.errors, (error) => Console.error(error.message), { discard: true })
+      case "Version":
+        return Console.log(event.version)
+      case "Help":
+        return CliOutput.defaultPresenter.present(event)
+    }
+  }
+}
+
+/**
+ * Runs the CLI with the given process arguments (`process.argv`: the node
+ * binary and the script come first and are skipped).
+ *
+ * @since 0.1.0
+ * @category running
+ */
+export const run = (argv: ReadonlyArray<string>) =>
+  Command.runWith(command, { version: "0.1.0" })(argv.slice(2)).pipe(
+    Effect.provideService(CliOutput.Presenter, presenter)
+  )
+
+// Exit codes as before: 0 after an interrupt (Ctrl-C, SIGTERM), 1 (or the
+// error's own code) after a failure, whose message the command printed itself.
+const teardown: Runtime.Teardown = (exit, onExit) =>
+  Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onExit(0) : Runtime.defaultTeardown(exit, onExit)
 
 run(process.argv).pipe(
-  Effect.provide(NodeContext.layer),
-  NodeRuntime.runMain({ disableErrorReporting: true })
+  Effect.provide(NodeServices.layer),
+  NodeRuntime.runMain({ disableErrorReporting: true, teardown })
 )

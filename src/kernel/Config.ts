@@ -8,8 +8,8 @@
  * @since 0.1.0
  */
 import * as Config from "effect/Config"
-import * as ConfigError from "effect/ConfigError"
-import * as Either from "effect/Either"
+import * as ConfigProvider from "effect/ConfigProvider"
+import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Redacted from "effect/Redacted"
 import { parseMillis } from "./internal/duration.js"
@@ -84,6 +84,12 @@ export const parseListenAddress = (s: string): ListenAddress | undefined => {
   return { host: host === "" ? undefined : host, port }
 }
 
+/** A value that is present but invalid: a config error that no default recovers. */
+const invalid = (name: string, message: string): Effect.Effect<never, Config.ConfigError> =>
+  Effect.fail(
+    new Config.ConfigError(new ConfigProvider.SourceError({ message: `Invalid data at ${name}: ${message}` }))
+  )
+
 /**
  * A Go-syntax duration (`90s`, `2m`, `1h30m`) in milliseconds.
  *
@@ -91,24 +97,29 @@ export const parseListenAddress = (s: string): ListenAddress | undefined => {
  * @category config
  */
 export const duration = (name: string): Config.Config<number> =>
-  Config.string(name).pipe(
-    Config.mapOrFail((text) => {
+  Config.String(name).pipe(
+    Config.mapEffect((text) => {
       const ms = parseMillis(text.trim())
-      return ms === undefined || ms < 0
-        ? Either.left(ConfigError.InvalidData([], `invalid duration ${JSON.stringify(text)}`))
-        : Either.right(ms)
+      return ms === undefined || ms < 0 ? invalid(name, `invalid duration ${JSON.stringify(text)}`) : Effect.succeed(ms)
     })
   )
 
+/** An integer as Effect 3's `Config.integer` read it (`Number(text)`), then checked to be > 0. */
 const positiveInt = (name: string): Config.Config<number> =>
-  Config.integer(name).pipe(Config.validate({ message: "must be greater than 0", validation: (n) => n > 0 }))
+  Config.String(name).pipe(
+    Config.mapEffect((text) => {
+      const n = Number(text)
+      if (!Number.isInteger(n)) return invalid(name, `Expected an integer value but received ${text}`)
+      return n > 0 ? Effect.succeed(n) : invalid(name, "must be greater than 0")
+    })
+  )
 
-const listenAddress: Config.Config<ListenAddress> = Config.string("REBUNO_LISTEN_ADDR").pipe(
-  Config.mapOrFail((text) => {
+const listenAddress: Config.Config<ListenAddress> = Config.String("REBUNO_LISTEN_ADDR").pipe(
+  Config.mapEffect((text) => {
     const parsed = parseListenAddress(text.trim())
     return parsed === undefined
-      ? Either.left(ConfigError.InvalidData([], `invalid listen address ${JSON.stringify(text)}`))
-      : Either.right(parsed)
+      ? invalid("REBUNO_LISTEN_ADDR", `invalid listen address ${JSON.stringify(text)}`)
+      : Effect.succeed(parsed)
   })
 )
 
@@ -136,7 +147,7 @@ export const kernelConfig: Config.Config<KernelConfig> = Config.all({
   deadlineCheckIntervalMs: duration("REBUNO_DEADLINE_CHECK_INTERVAL").pipe(
     Config.withDefault(defaults.deadlineCheckIntervalMs)
   ),
-  apiToken: Config.option(Config.redacted("REBUNO_API_TOKEN")).pipe(
-    Config.map(Option.filter((token) => Redacted.value(token) !== ""))
+  apiToken: Config.option(Config.String("REBUNO_API_TOKEN")).pipe(
+    Config.map((token) => Option.map(Option.filter(token, (text) => text !== ""), Redacted.make))
   )
 })

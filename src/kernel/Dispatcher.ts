@@ -10,8 +10,6 @@
  *
  * @since 0.1.0
  */
-import * as HttpClient from "@effect/platform/HttpClient"
-import * as HttpClientRequest from "@effect/platform/HttpClientRequest"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
@@ -19,6 +17,10 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Scope from "effect/Scope"
+import * as Semaphore from "effect/Semaphore"
+import * as HttpClient from "effect/http/HttpClient"
+import type * as HttpClientError from "effect/http/HttpClientError"
+import * as HttpClientRequest from "effect/http/HttpClientRequest"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Wire from "./Wire.js"
@@ -76,7 +78,7 @@ export interface Dispatcher {
  * @since 0.1.0
  * @category tags
  */
-export class DispatcherTag extends Context.Tag("effect-rebuno/kernel/Dispatcher")<DispatcherTag, Dispatcher>() {}
+export class DispatcherTag extends Context.Service<DispatcherTag, Dispatcher>()("effect-rebuno/kernel/Dispatcher") {}
 
 /**
  * Defaults of PROTOCOL Appendix A.
@@ -126,7 +128,10 @@ export const httpDeliver = (
       }),
       HttpClientRequest.bodyText(body, "application/json")
     )
-    const loop = (request: HttpClientRequest.HttpClientRequest, redirects: number): Effect.Effect<boolean, unknown> =>
+    const loop = (
+      request: HttpClientRequest.HttpClientRequest,
+      redirects: number
+    ): Effect.Effect<boolean, HttpClientError.HttpClientError> =>
       Effect.flatMap(client.execute(request), (response) =>
         Effect.flatMap(Effect.ignore(response.arrayBuffer), () => {
           const location = response.headers["location"]
@@ -145,9 +150,8 @@ export const httpDeliver = (
           return Effect.succeed(response.status >= 200 && response.status < 300)
         }))
     return loop(post, 0).pipe(
-      Effect.scoped,
       Effect.timeout(Duration.millis(options.timeoutMs ?? defaults.timeoutMs)),
-      Effect.catchAllCause(() => Effect.succeed(false))
+      Effect.catchCause(() => Effect.succeed(false))
     )
   })
 
@@ -165,10 +169,10 @@ export const make = (
   Effect.gen(function*() {
     const deliver = options.deliver ??
       (yield* httpDeliver({ timeoutMs: options.timeoutMs }).pipe(
-        Effect.provide(yield* Layer.build(NodeHttpClient.layerUndici))
+        Effect.provideContext(yield* Layer.build(NodeHttpClient.layerUndici))
       ))
     const concurrency = Math.max(1, options.concurrency ?? defaults.concurrency)
-    const semaphore = yield* Effect.makeSemaphore(concurrency)
+    const semaphore = yield* Semaphore.make(concurrency)
     const tickInterval = Duration.millis(options.tickIntervalMs ?? defaults.tickIntervalMs)
     const deadlineInterval = options.deadlineCheckIntervalMs ?? defaults.deadlineCheckIntervalMs
     const claimBatch = options.claimBatch ?? defaults.claimBatch
@@ -178,7 +182,7 @@ export const make = (
       Effect.gen(function*() {
         const body = webhookBody(claim, core.settings.compat)
         const signature = yield* Signature.sign(claim.agent.secret, body)
-        const ok = yield* deliver(claim, body, signature).pipe(Effect.catchAllCause(() => Effect.succeed(false)))
+        const ok = yield* deliver(claim, body, signature).pipe(Effect.catchCause(() => Effect.succeed(false)))
         yield* core.recordDelivery(claim, ok)
       }).pipe(semaphore.withPermits(1))
 
@@ -200,7 +204,7 @@ export const make = (
 
     if (options.background ?? true) {
       const loop = Effect.gen(function*() {
-        yield* tick.pipe(Effect.catchAllCause((cause) => Effect.logError("dispatcher tick failed", cause)))
+        yield* tick.pipe(Effect.catchCause((cause) => Effect.logError("dispatcher tick failed", cause)))
         yield* Effect.raceFirst(Effect.sleep(tickInterval), core.enqueued)
       }).pipe(Effect.forever)
       yield* Effect.forkScoped(loop)
@@ -216,4 +220,4 @@ export const make = (
  * @category layers
  */
 export const layer = (core: Core.KernelCore, options: Options = {}): Layer.Layer<DispatcherTag> =>
-  Layer.scoped(DispatcherTag, make(core, options))
+  Layer.effect(DispatcherTag, make(core, options))

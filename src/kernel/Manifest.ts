@@ -9,12 +9,12 @@
  *
  * @since 0.1.0
  */
-import * as FileSystem from "@effect/platform/FileSystem"
-import * as Path from "@effect/platform/Path"
 import * as Config from "effect/Config"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
+import * as FileSystem from "effect/FileSystem"
 import * as Option from "effect/Option"
+import * as Path from "effect/Path"
+import * as Result from "effect/Result"
 import * as Schema from "effect/Schema"
 import * as YAML from "yaml"
 import type * as Core from "./Core.js"
@@ -28,7 +28,7 @@ import * as Policy from "./Policy.js"
  * @since 0.1.0
  * @category errors
  */
-export class ManifestError extends Schema.TaggedError<ManifestError>()("ManifestError", {
+export class ManifestError extends Schema.TaggedError<ManifestError>("effect-rebuno/kernel/ManifestError")("ManifestError", {
   message: Schema.String
 }) {}
 
@@ -182,15 +182,15 @@ export const parse = Effect.fn("Manifest.parse")(function*(
     if (policyFile !== "") {
       const resolved = path.isAbsolute(policyFile) ? policyFile : path.join(options.baseDir, policyFile)
       bundle = yield* fs.readFileString(resolved).pipe(
-        Effect.catchAll((error) =>
+        Effect.catch((error) =>
           fail(`agent ${quote(id)}: read policy_file ${quote(resolved)}: ${error.message}`)
         )
       )
     }
     if (bundle !== "") {
       const parsed = Policy.parseBundle(bundle)
-      if (Either.isLeft(parsed)) {
-        return yield* fail(`agent ${quote(id)}: invalid policy bundle: ${parsed.left}`)
+      if (Result.isFailure(parsed)) {
+        return yield* fail(`agent ${quote(id)}: invalid policy bundle: ${parsed.failure}`)
       }
     }
     const leaseNode = entry.get("lease_timeout_seconds", true)
@@ -220,7 +220,7 @@ export const parse = Effect.fn("Manifest.parse")(function*(
 export const expand = Effect.fn("Manifest.expand")(function*(text: string) {
   const values = new Map<string, string>()
   for (const name of referencedNames(text)) {
-    const value = yield* Config.option(Config.string(name)).pipe(
+    const value = yield* Config.option(Config.String(name)).pipe(
       Effect.orElseSucceed(() => Option.none<string>())
     )
     if (Option.isSome(value)) values.set(name, value.value)
@@ -238,7 +238,7 @@ export const load = Effect.fn("Manifest.load")(function*(file: string) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const text = yield* fs.readFileString(file).pipe(
-    Effect.catchAll((error) => fail(`read manifest ${quote(file)}: ${error.message}`))
+    Effect.catch((error) => fail(`read manifest ${quote(file)}: ${error.message}`))
   )
   const expanded = yield* expand(text)
   return yield* parse(expanded, { baseDir: path.dirname(path.resolve(file)) })

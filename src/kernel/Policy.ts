@@ -9,7 +9,7 @@
  *
  * @since 0.1.0
  */
-import { Either } from "effect"
+import { Result } from "effect"
 import { RE2JS } from "re2js"
 import { type Document, isAlias, isMap, isScalar, isSeq, parseAllDocuments, type Scalar, type YAMLMap, type YAMLSeq } from "yaml"
 import * as Duration from "./internal/duration.js"
@@ -727,13 +727,13 @@ const yamlErrorText = (message: string): string => {
 
 const isDecision = (s: string): s is Decision => s === "allow" || s === "deny" || s === "require_approval"
 
-const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
+const validate = (raw: RawBundle): Result.Result<Bundle, string> => {
   const seen = new Map<number, string>()
   for (const rule of raw.rules) {
-    if (rule.id === "") return Either.left("rule missing id")
+    if (rule.id === "") return Result.fail("rule missing id")
     const previous = seen.get(rule.priority)
     if (previous !== undefined) {
-      return Either.left(
+      return Result.fail(
         `duplicate priority ${rule.priority} used by ${GoFormat.quote(previous)} and ${GoFormat.quote(rule.id)}`
       )
     }
@@ -746,7 +746,7 @@ const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
     const args = new Map<string, ArgumentPredicate>()
     for (const [key, p] of rule.when.arguments) {
       if (p.equals === "" && p.contains === "" && p.regex === "" && p.oneOf.length === 0) {
-        return Either.left(
+        return Result.fail(
           `rule ${id} argument ${GoFormat.quote(key)} has no constraint (equals/contains/one_of/regex); an empty predicate matches any value`
         )
       }
@@ -756,14 +756,14 @@ const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
           compiled = RE2JS.compile(p.regex)
         } catch (error) {
           const detail = error instanceof Error ? error.message : String(error)
-          return Either.left(`rule ${id} argument ${GoFormat.quote(key)} invalid regex: ${detail}`)
+          return Result.fail(`rule ${id} argument ${GoFormat.quote(key)} invalid regex: ${detail}`)
         }
       }
       args.set(key, { ...p, compiled })
     }
     const decision = rule.then.decision
     if (!isDecision(decision)) {
-      return Either.left(
+      return Result.fail(
         decision === ""
           ? `rule ${id}: then.decision is required (allow, deny or require_approval)`
           : `rule ${id}: unknown policy decision ${GoFormat.quote(decision)} (want allow, deny or require_approval)`
@@ -776,7 +776,7 @@ const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
       then: { ...rule.then, decision }
     })
   }
-  return Either.right({ defaultAction: raw.defaultAction, rules })
+  return Result.succeed({ defaultAction: raw.defaultAction, rules })
 }
 
 /**
@@ -792,19 +792,19 @@ const validate = (raw: RawBundle): Either.Either<Bundle, string> => {
  * @since 0.1.0
  * @category parsing
  */
-export const parseBundle = (yamlText: string): Either.Either<Bundle, string> => {
+export const parseBundle = (yamlText: string): Result.Result<Bundle, string> => {
   const docs = parseAllDocuments(yamlText, { prettyErrors: true, uniqueKeys: true })
   if ("empty" in docs) {
     return docs.errors.length > 0
-      ? Either.left(yamlErrorText(docs.errors[0]!.message))
-      : Either.right({ defaultAction: "", rules: [] })
+      ? Result.fail(yamlErrorText(docs.errors[0]!.message))
+      : Result.succeed({ defaultAction: "", rules: [] })
   }
   const first = docs[0]
-  if (first === undefined) return Either.right({ defaultAction: "", rules: [] })
-  if (first.errors.length > 0) return Either.left(yamlErrorText(first.errors[0]!.message))
+  if (first === undefined) return Result.succeed({ defaultAction: "", rules: [] })
+  if (first.errors.length > 0) return Result.fail(yamlErrorText(first.errors[0]!.message))
   const d: Decoder = { doc: first, errors: [], aliasBudget: 10_000 }
   const raw = decodeBundle(d, first.contents)
-  if (d.errors.length > 0) return Either.left(d.errors[0]!)
+  if (d.errors.length > 0) return Result.fail(d.errors[0]!)
   return validate(raw)
 }
 

@@ -7,19 +7,19 @@
  * order of 6.0, strict body decoding (2.3), the 10 MiB body cap (2.4), JSON
  * answers with a trailing newline (2.2), `null` empty lists (2.7), routing
  * errors (2.9) and the live-delta SSE stream (11.6). `Server` adapts it to
- * `@effect/platform`.
+ * `effect/http`.
  *
  * @since 0.1.0
  */
 import * as Clock from "effect/Clock"
-import * as Data from "effect/Data"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
-import * as Json from "../internal/json.js"
-import * as Uuid from "../internal/uuid.js"
+import * as Json from "../internal/wire/json.js"
+import * as Uuid from "../internal/wire/uuid.js"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Wire from "./Wire.js"
@@ -30,7 +30,10 @@ import * as Wire from "./Wire.js"
  * @since 0.1.0
  * @category errors
  */
-export class BodyTooLarge extends Data.TaggedError("BodyTooLarge")<{}> {}
+export class BodyTooLarge extends Schema.TaggedError<BodyTooLarge>("effect-rebuno/kernel/BodyTooLarge")(
+  "BodyTooLarge",
+  {}
+) {}
 
 /**
  * The request body could not be read (connection error, aborted upload).
@@ -38,7 +41,10 @@ export class BodyTooLarge extends Data.TaggedError("BodyTooLarge")<{}> {}
  * @since 0.1.0
  * @category errors
  */
-export class BodyReadError extends Data.TaggedError("BodyReadError")<{ readonly cause: unknown }> {}
+export class BodyReadError extends Schema.TaggedError<BodyReadError>("effect-rebuno/kernel/BodyReadError")(
+  "BodyReadError",
+  { cause: Schema.Defect() }
+) {}
 
 /**
  * A request as the routes see it.
@@ -366,7 +372,7 @@ export const make = (
 
   const sse = (id: string): KernelResponse => {
     const keepAlive = encoder.encode(": keep-alive\n\n")
-    const body = Stream.unwrapScoped(
+    const body = Stream.unwrap(
       Effect.map(core.subscribeDeltas(id), (queue) =>
         Stream.concat(
           // An empty first chunk lets the server flush the headers at once.
@@ -602,9 +608,7 @@ export const make = (
         cached !== undefined
           ? Effect.succeed(cached)
           : readBody(req).pipe(
-            Effect.tap((bytes) => {
-              cached = bytes
-            }),
+            Effect.map((bytes) => (cached = bytes)),
             // Over the cap or unreadable: the signature check fails (401) on the
             // agent path; a decoding route answers 400 (PROTOCOL 2.4).
             Effect.mapError(() => new Reject(agentPath ? unauthorized : validation))
@@ -612,7 +616,7 @@ export const make = (
       )
       const ctx: Ctx = { req, params, query: new URLSearchParams(query), body }
       const auth = r.auth === "none" ? Effect.void : agentPath ? agent(ctx) : bearer(req)
-      return Effect.zipRight(auth, r.handle(ctx))
+      return Effect.andThen(auth, r.handle(ctx))
     }
     return Effect.succeed(allowed.length > 0 ? methodNotAllowed(allowed) : notFoundPage)
   }
@@ -622,7 +626,7 @@ export const make = (
       requestCount++
       return dispatch(req)
     }).pipe(
-      Effect.catchAll((e) => Effect.succeed(e._tag === "Reject" ? e.response : failureResponse(e))),
-      Effect.catchAllDefect(() => Effect.succeed(internalError))
+      Effect.catch((e) => Effect.succeed(e._tag === "Reject" ? e.response : failureResponse(e))),
+      Effect.catchDefect(() => Effect.succeed(internalError))
     )
 }

@@ -1,5 +1,5 @@
 /**
- * Serves the kernel routes over HTTP with `@effect/platform`. The adapter reads
+ * Serves the kernel routes over HTTP with `effect/http` on Node. The adapter reads
  * the raw request body itself (enforcing the 10 MiB cap while reading, so an
  * oversized upload is never buffered), passes every header value through so
  * duplicate headers stay visible to the `v1` signature checks, and writes the
@@ -9,14 +9,13 @@
  *
  * @since 0.1.0
  */
-import * as HttpApp from "@effect/platform/HttpApp"
-import * as HttpServer from "@effect/platform/HttpServer"
-import * as HttpServerError from "@effect/platform/HttpServerError"
-import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
 import * as Effect from "effect/Effect"
+import * as HttpServer from "effect/http/HttpServer"
+import type * as HttpServerError from "effect/http/HttpServerError"
+import * as HttpServerRequest from "effect/http/HttpServerRequest"
+import * as HttpServerResponse from "effect/http/HttpServerResponse"
 import * as Layer from "effect/Layer"
 import type * as Redacted from "effect/Redacted"
 import * as Stream from "effect/Stream"
@@ -55,7 +54,7 @@ const nodeSource = (request: HttpServerRequest.HttpServerRequest): NodeSource | 
 
 /** Reads a Node request body, failing as soon as it grows past the cap. */
 const readNodeBody = (source: NodeSource): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
-  Effect.async<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError>((resume) => {
+  Effect.callback<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError>((resume) => {
     const declared = Number(source.headers["content-length"])
     if (Number.isFinite(declared) && declared > Routes.maxBodyBytes) {
       source.resume()
@@ -109,7 +108,7 @@ const readGenericBody = (
 ): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
   Stream.runFold(
     request.stream.pipe(Stream.mapError((cause) => new Routes.BodyReadError({ cause }))),
-    { chunks: [] as Array<Uint8Array>, size: 0 },
+    (): { readonly chunks: Array<Uint8Array>; size: number } => ({ chunks: [], size: 0 }),
     (acc, chunk) => {
       acc.chunks.push(chunk)
       acc.size += chunk.length
@@ -207,15 +206,16 @@ const nodeResponseOf = (request: HttpServerRequest.HttpServerRequest): Http.Serv
 }
 
 /**
- * The kernel as an `HttpApp`.
+ * The kernel as an `HttpEffect`: a handler that reads the `HttpServerRequest`
+ * from its context and never fails.
  *
  * @since 0.1.0
  * @category constructors
  */
-export const makeApp = (
+export const makeHttpEffect = (
   core: Core.KernelCore,
   options: Routes.Options = {}
-): HttpApp.Default<never, HttpServerRequest.HttpServerRequest> => {
+): Effect.Effect<HttpServerResponse.HttpServerResponse, never, HttpServerRequest.HttpServerRequest> => {
   const handle = Routes.make(core, options)
   return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
     Effect.map(handle(toKernelRequest(request)), (response) => toServerResponse(response, request)))
@@ -224,22 +224,21 @@ export const makeApp = (
 /**
  * Serves the kernel on `host:port` with Node's HTTP server. The layer also
  * provides `HttpServer` so callers can read the bound address. Closing it
- * drops open connections (SSE streams never end by themselves), then stops
- * listening.
+ * drops open connections first (SSE streams never end by themselves, and the
+ * server's graceful shutdown would wait for them), then stops listening.
  *
  * @since 0.1.0
  * @category layers
  */
 export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError> =>
-  Layer.unwrapEffect(Effect.sync(() => {
+  Layer.unwrap(Effect.sync(() => {
     const server = Http.createServer()
-    const closeConnections = Layer.scopedDiscard(
+    // Built last, so released first: before `serve` stops and the server closes.
+    const closeConnections = Layer.effectDiscard(
       Effect.addFinalizer(() => Effect.sync(() => server.closeAllConnections()))
     )
-    return Layer.merge(
-      HttpServer.serve(makeApp(options.core, { apiToken: options.apiToken })),
-      closeConnections
-    ).pipe(
+    return closeConnections.pipe(
+      Layer.provideMerge(HttpServer.serve(makeHttpEffect(options.core, { apiToken: options.apiToken }))),
       Layer.provideMerge(
         NodeHttpServer.layerServer(() => server, {
           port: options.port,

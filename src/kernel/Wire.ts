@@ -8,8 +8,8 @@
  *
  * @since 0.1.0
  */
-import { quoteString } from "../internal/json.js"
-import { formatTimestamp } from "../internal/time.js"
+import { quoteString } from "../internal/wire/json.js"
+import { formatTimestamp } from "../internal/wire/time.js"
 import type {
   AgentRecord,
   ApprovalRecord,

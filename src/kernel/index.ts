@@ -7,12 +7,13 @@
  *
  * @since 0.1.0
  */
-import * as HttpServer from "@effect/platform/HttpServer"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as NodePath from "@effect/platform-node/NodePath"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
+import * as HttpServer from "effect/http/HttpServer"
 import * as Layer from "effect/Layer"
+import * as NetAddress from "effect/net/NetAddress"
 import type * as Redacted from "effect/Redacted"
 import * as Core from "./Core.js"
 import * as Dispatcher from "./Dispatcher.js"
@@ -94,10 +95,9 @@ export interface RunningKernel {
  * @since 0.1.0
  * @category tags
  */
-export class EmbeddedKernel extends Context.Tag("effect-rebuno/kernel/EmbeddedKernel")<
-  EmbeddedKernel,
-  RunningKernel
->() {}
+export class EmbeddedKernel extends Context.Service<EmbeddedKernel, RunningKernel>()(
+  "effect-rebuno/kernel/EmbeddedKernel"
+) {}
 
 /**
  * The URL of a bound address; wildcard hosts are reported as `localhost`.
@@ -105,13 +105,14 @@ export class EmbeddedKernel extends Context.Tag("effect-rebuno/kernel/EmbeddedKe
  * @since 0.1.0
  * @category utils
  */
-export const formatUrl = (address: HttpServer.Address): string => {
-  if (address._tag === "UnixAddress") return `http+unix://${encodeURIComponent(address.path)}`
-  const host = address.hostname === "0.0.0.0" || address.hostname === "::" || address.hostname === ""
+export const formatUrl = (address: NetAddress.SocketAddress): string => {
+  if (address._tag === "UnixPathAddress") return `http+unix://${encodeURIComponent(address.path)}`
+  const hostname = NetAddress.formatHost(address)
+  const host = hostname === "0.0.0.0" || hostname === "::" || hostname === ""
     ? "localhost"
-    : address.hostname.includes(":")
-    ? `[${address.hostname}]`
-    : address.hostname
+    : hostname.includes(":")
+    ? `[${hostname}]`
+    : hostname
   return `http://${host}:${address.port}`
 }
 
@@ -148,4 +149,4 @@ export const start = Effect.fn("Kernel.start")(function*(options: StartOptions =
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: StartOptions = {}) => Layer.scoped(EmbeddedKernel, start(options))
+export const layer = (options: StartOptions = {}) => Layer.effect(EmbeddedKernel, start(options))

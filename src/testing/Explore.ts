@@ -35,14 +35,14 @@ import { canonicalJson } from "../StepId.js"
 import { TestKernel } from "./TestKernel.js"
 import type { CrashPoint, KernelCall, RunResult, StepCallName } from "./TestKernel.js"
 
-const CrashPointSchema: Schema.Schema<CrashPoint> = Schema.Union(
+const CrashPointSchema: Schema.Codec<CrashPoint> = Schema.Union([
   Schema.Struct({ afterSteps: Schema.Number }),
   Schema.Struct({
-    call: Schema.Literal("submitStep", "completeStep", "failStep", "completeExecution", "failExecution"),
+    call: Schema.Literals(["submitStep", "completeStep", "failStep", "completeExecution", "failExecution"]),
     index: Schema.Number,
-    when: Schema.Literal("before", "after")
+    when: Schema.Literals(["before", "after"])
   })
-)
+])
 
 /**
  * A step's identity as the kernel hashes it: kind, target and arguments.
@@ -79,7 +79,7 @@ export class CrashExplorationError extends Schema.TaggedError<CrashExplorationEr
 )("CrashExplorationError", {
   agentId: Schema.String,
   /** `"baseline"` when the uninterrupted run itself is unusable. */
-  mode: Schema.Literal("crash", "lapse", "baseline"),
+  mode: Schema.Literals(["crash", "lapse", "baseline"]),
   point: Schema.optional(CrashPointSchema),
   /** The point in words, e.g. `crash before completeStep #1 (step "charge_card")`. */
   description: Schema.String,
@@ -142,7 +142,7 @@ export interface CrashesOptions {
   /** Map outputs before comparing them (e.g. to drop a timestamp). */
   readonly normalize?: ((output: unknown) => unknown) | undefined
   /** Virtual-time limit of each run (default 1 hour). */
-  readonly timeout?: Duration.DurationInput | undefined
+  readonly timeout?: Duration.Input | undefined
 }
 
 /**
@@ -377,7 +377,7 @@ const ensureRegistered = <R>(
   kernel: TestKernel.Service,
   agent: Agent.Agent<any, any, any, R>
 ): Effect.Effect<void, Core.KernelFailure, R> =>
-  Effect.catchAll(kernel.core.getAgent(agent.id), () => kernel.register(agent)).pipe(Effect.asVoid)
+  Effect.catch(kernel.core.getAgent(agent.id), () => kernel.register(agent)).pipe(Effect.asVoid)
 
 const labelOf = (call: KernelCall | undefined, fallback: string): string =>
   call === undefined ?
@@ -748,7 +748,7 @@ const beforeOutcome: ReadonlyArray<CrashPoint> = [
 export const determinism = <R>(
   agent: Agent.Agent<any, any, any, R>,
   input?: unknown,
-  options?: { readonly timeout?: Duration.DurationInput | undefined }
+  options?: { readonly timeout?: Duration.Input | undefined }
 ): Effect.Effect<DeterminismReport, DeterminismError | Core.KernelFailure, TestKernel | R> =>
   Effect.gen(function*() {
     const kernel = yield* TestKernel

@@ -22,7 +22,7 @@ const clientFor = (baseUrl: string) =>
   )
 
 /** Register, create, wait for the end; then check what a user would see. */
-const roundTrip = (client: Client.Client["Type"], agentId: string, webhookUrl: string, secret: string) =>
+const roundTrip = (client: Client.Client.Service, agentId: string, webhookUrl: string, secret: string) =>
   Effect.gen(function*() {
     yield* client.registerAgent({ id: agentId, webhookUrl, secret })
     const query = "héllo wörld 🙂 again"

@@ -25,7 +25,7 @@
  */
 import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Duration, Effect, Layer, Schema } from "effect"
+import { Clock, Deferred, Duration, Effect, Layer, Result, Schema } from "effect"
 import * as Http from "node:http"
 import * as Net from "node:net"
 import * as Agent from "../../src/Agent.js"
@@ -45,20 +45,33 @@ const LEASE_MS = 2_000
 const makeWarpClock = () => {
   let offset = 0
   const now = () => Date.now() + offset
+  // Monotonic time moves with the warp too (the offset only grows).
+  const monotonic = () => process.hrtime.bigint() + BigInt(offset) * 1_000_000n
   const clock: Clock.Clock = {
-    [Clock.ClockTypeId]: Clock.ClockTypeId,
-    unsafeCurrentTimeMillis: now,
+    currentTimeMillisUnsafe: now,
     currentTimeMillis: Effect.sync(now),
-    unsafeCurrentTimeNanos: () => BigInt(now()) * 1_000_000n,
+    currentTimeNanosUnsafe: () => BigInt(now()) * 1_000_000n,
     currentTimeNanos: Effect.sync(() => BigInt(now()) * 1_000_000n),
+    monotonicTimeNanosUnsafe: monotonic,
+    monotonicTimeNanos: Effect.sync(monotonic),
     sleep: (duration) =>
-      Effect.async<void>((resume) => {
+      Effect.callback<void>((resume) => {
         const timer = setTimeout(() => resume(Effect.void), Duration.toMillis(duration))
         return Effect.sync(() => clearTimeout(timer))
       })
   }
   return { clock, warp: (ms: number) => Effect.sync(() => void (offset += ms)) }
 }
+
+/**
+ * Runs `f` with a fresh warp clock as the `Clock` of everything it starts (the
+ * kernel, the agent, their forked fibers); `warp` moves that clock forward.
+ */
+const withWarpClock = <A, E, R>(f: (warp: (ms: number) => Effect.Effect<void>) => Effect.Effect<A, E, R>) =>
+  Effect.suspend(() => {
+    const { clock, warp } = makeWarpClock()
+    return Effect.provideService(f(warp), Clock.Clock, clock)
+  })
 
 /** A real pause, independent of any Effect clock. */
 const pause = (ms: number) => Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, ms)))
@@ -114,7 +127,7 @@ const HOP_BY_HOP = new Set(["host", "connection", "keep-alive", "transfer-encodi
 
 const startProxy = (target: string, decide: Decide) =>
   Effect.acquireRelease(
-    Effect.async<{ readonly url: string; readonly log: Array<Exchange>; readonly server: Http.Server }>((resume) => {
+    Effect.callback<{ readonly url: string; readonly log: Array<Exchange>; readonly server: Http.Server }>((resume) => {
       const log: Array<Exchange> = []
       const server = Http.createServer((req, res) => {
         const chunks: Array<Buffer> = []
@@ -162,7 +175,7 @@ const startProxy = (target: string, decide: Decide) =>
       })
     }),
     ({ server }) =>
-      Effect.async<void>((resume) => {
+      Effect.callback<void>((resume) => {
         server.closeAllConnections()
         server.close(() => resume(Effect.void))
       })
@@ -171,7 +184,7 @@ const startProxy = (target: string, decide: Decide) =>
 /** Starts a plain HTTP endpoint (a broken agent); closed with the scope. */
 const startEndpoint = (handler: Http.RequestListener) =>
   Effect.acquireRelease(
-    Effect.async<{ readonly url: string; readonly server: Http.Server }>((resume) => {
+    Effect.callback<{ readonly url: string; readonly server: Http.Server }>((resume) => {
       const server = Http.createServer(handler)
       server.listen(0, "127.0.0.1", () => {
         const port = (server.address() as Net.AddressInfo).port
@@ -179,7 +192,7 @@ const startEndpoint = (handler: Http.RequestListener) =>
       })
     }),
     ({ server }) =>
-      Effect.async<void>((resume) => {
+      Effect.callback<void>((resume) => {
         server.closeAllConnections()
         server.close(() => resume(Effect.void))
       })
@@ -261,9 +274,8 @@ const postWebhook = (url: string, body: Buffer, signature: string) =>
 
 describe("HTTP fault matrix", () => {
   const lostSubmit = (idempotency: "safe_to_retry" | "at_most_once", slowFirstTool: boolean) =>
+    withWarpClock((warp) =>
     Effect.gen(function*() {
-      const { clock, warp } = makeWarpClock()
-      yield* Effect.withClockScoped(clock)
       const runs = { fetch: 0, notify: 0, handler: 0 }
       const fetch = Tool.make("fetch", {
         args: Schema.Struct({ key: Schema.String }),
@@ -352,37 +364,36 @@ describe("HTTP fault matrix", () => {
       const attempt2 = proxy.log.filter((e) => e.attempt === "2")
       expect(attempt2.filter(isSubmit)).toHaveLength(2)
       expect(attempt2.filter((e) => /\/v0\/executions\/[^/]+\/complete$/.test(e.path))).toHaveLength(1)
-    })
+    }))
 
-  it.scopedLive("a submit lost after the kernel recorded it: abandon, heartbeats stop, redelivery completes (safe_to_retry)", () =>
+  it.live("a submit lost after the kernel recorded it: abandon, heartbeats stop, redelivery completes (safe_to_retry)", () =>
     lostSubmit("safe_to_retry", true))
 
-  it.scopedLive("a lost at_most_once submit: redelivery reports indeterminate, the body never runs", () =>
+  it.live("a lost at_most_once submit: redelivery reports indeterminate, the body never runs", () =>
     lostSubmit("at_most_once", false))
 
-  it.scopedLive("complete step, fail step, complete execution and heartbeat lost: retried, the run completes once", () =>
+  it.live("complete step, fail step, complete execution and heartbeat lost: retried, the run completes once", () =>
+    withWarpClock(() =>
     Effect.gen(function*() {
-      const { clock } = makeWarpClock()
-      yield* Effect.withClockScoped(clock)
       const runs = { slow: 0, broken: 0 }
       const slow = Tool.make("slow", {
         args: Schema.Struct({}),
         success: Schema.String,
         // Outlives the lease: only heartbeats keep it.
-        execute: () => Effect.sleep("2300 millis").pipe(Effect.as("done"), Effect.tap(() => void runs.slow++))
+        execute: () => Effect.sleep("2300 millis").pipe(Effect.as("done"), Effect.tap(() => Effect.sync(() => void runs.slow++)))
       })
       const broken = Tool.make("broken", {
         args: Schema.Struct({}),
         success: Schema.String,
-        execute: () => Effect.sync(() => runs.broken++).pipe(Effect.zipRight(Effect.fail(new Error("broken"))))
+        execute: () => Effect.sync(() => runs.broken++).pipe(Effect.andThen(Effect.fail(new Error("broken"))))
       })
       const agent = Agent.make({
         id: "steady",
         handler: () =>
           Effect.gen(function*() {
             const a = yield* slow({})
-            const b = yield* Effect.either(broken({}))
-            return { a, brokenFailed: b._tag === "Left" }
+            const b = yield* Effect.result(broken({}))
+            return { a, brokenFailed: Result.isFailure(b) }
           })
       })
 
@@ -444,12 +455,11 @@ describe("HTTP fault matrix", () => {
       expect(types.filter((t) => t === "step.failed")).toHaveLength(1)
       expect(types.filter((t) => t === "execution.completed")).toHaveLength(1)
       expect(types.filter((t) => t === "dispatch.acked")).toHaveLength(1)
-    }))
+    })))
 
   const exhaust = (endpoint: "500" | "refused" | "timeout") =>
+    withWarpClock((warp) =>
     Effect.gen(function*() {
-      const { clock, warp } = makeWarpClock()
-      yield* Effect.withClockScoped(clock)
       const kernel = yield* startKernel({ webhookTimeoutMs: 300 })
       let hits = 0
       let webhookUrl: string
@@ -508,16 +518,15 @@ describe("HTTP fault matrix", () => {
       yield* kernel.dispatcher.tick
       expect((yield* kernel.core.dispatches(id)).map((d) => [d.attempt, d.status])).toEqual([[5, "exhausted"]])
       if (endpoint !== "refused") expect(hits).toBe(5)
-    })
+    }))
 
-  it.scopedLive("webhook answered 500: backoff, then dispatch_exhausted after the 5th attempt", () => exhaust("500"))
-  it.scopedLive("webhook connection refused: backoff, then dispatch_exhausted", () => exhaust("refused"))
-  it.scopedLive("webhook never answered (timeout): backoff, then dispatch_exhausted", () => exhaust("timeout"))
+  it.live("webhook answered 500: backoff, then dispatch_exhausted after the 5th attempt", () => exhaust("500"))
+  it.live("webhook connection refused: backoff, then dispatch_exhausted", () => exhaust("refused"))
+  it.live("webhook never answered (timeout): backoff, then dispatch_exhausted", () => exhaust("timeout"))
 
-  it.scopedLive("the exact signed webhook bytes replayed: one run", () =>
+  it.live("the exact signed webhook bytes replayed: one run", () =>
+    withWarpClock(() =>
     Effect.gen(function*() {
-      const { clock } = makeWarpClock()
-      yield* Effect.withClockScoped(clock)
       const release = yield* Deferred.make<void>()
       const runs = { handler: 0, tool: 0 }
       const once = Tool.make("once", {
@@ -572,5 +581,5 @@ describe("HTTP fault matrix", () => {
       expect(events.filter((e) => e.type === "execution.completed")).toHaveLength(1)
       expect(events.filter((e) => e.type === "step.succeeded")).toHaveLength(1)
       expect(recorder.log).toHaveLength(1)
-    }))
+    })))
 })

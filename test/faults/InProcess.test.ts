@@ -23,7 +23,7 @@ interface WorldOptions {
   /** Hold only the first `fetch` body (the first run's) until this opens. */
   readonly holdFirst?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
   /** Virtual time the `fetch` body takes. */
-  readonly fetchTakes?: Duration.DurationInput
+  readonly fetchTakes?: Duration.Input
   /** Make `fetch` fail (a ToolError recorded with step fail). */
   readonly fetchFails?: boolean
 }
@@ -129,7 +129,7 @@ describe("crashes", () => {
       return yield* Effect.gen(function*() {
         const kernel = yield* TestKernel.TestKernel
         const id = yield* kernel.create(world.agent.id, { key: "k" })
-        const settling = yield* Effect.fork(kernel.settle(id))
+        const settling = yield* Effect.forkChild(kernel.settle(id))
         yield* Deferred.await(hold.started)
         yield* kernel.restart(world.agent.id)
         const run = yield* Fiber.join(settling)
@@ -271,7 +271,7 @@ describe("a lease that lapses while the run is alive", () => {
         yield* Deferred.await(gate.started)
         // both bodies are in flight; the zombie finishes first
         yield* Deferred.succeed(first.open, undefined)
-        yield* Effect.repeatN(Effect.yieldNow(), 20)
+        yield* Effect.repeat(Effect.yieldNow, { times: 20 })
         yield* Deferred.succeed(gate.open, undefined)
         const run = yield* kernel.settle(id)
         expect(run.status).toBe("completed")
@@ -299,7 +299,7 @@ describe("a lease that lapses while the run is alive", () => {
       let runs = 0
       const hold = Effect.suspend(() => {
         const gate = gates[runs++]
-        return gate === undefined ? Effect.void : Effect.zipRight(Deferred.succeed(gate.reached, undefined), Deferred.await(gate.open))
+        return gate === undefined ? Effect.void : Effect.andThen(Deferred.succeed(gate.reached, undefined), Deferred.await(gate.open))
       })
       const step = (name: string) =>
         Tool.make(name, {
@@ -317,7 +317,7 @@ describe("a lease that lapses while the run is alive", () => {
             if (where === "between") yield* hold
             const b = yield* second({})
             return `${a} ${b}`
-          }).pipe(Effect.catchAll((e) => Effect.sync(() => (seen.push(e._tag), "swallowed"))))
+          }).pipe(Effect.catch((e) => Effect.sync(() => (seen.push(e._tag), "swallowed"))))
       })
       return yield* Effect.gen(function*() {
         const kernel = yield* TestKernel.TestKernel
@@ -335,9 +335,9 @@ describe("a lease that lapses while the run is alive", () => {
           kernel.calls(id),
           (calls) => calls.some((c) => c.attempt === 1 && c.answer === "lease_superseded")
         )
-        for (let i = 0; i < 200 && !(yield* refused); i++) yield* Effect.yieldNow()
+        for (let i = 0; i < 200 && !(yield* refused); i++) yield* Effect.yieldNow
         // Time for the zombie to go on (were it not stopped: catch, return, post its outcome).
-        yield* Effect.repeatN(Effect.yieldNow(), 100)
+        yield* Effect.repeat(Effect.yieldNow, { times: 100 })
         yield* Deferred.succeed(gates[1].open, undefined)
         const run = yield* kernel.settle(id)
         expect(run.output).toBe("first second")
@@ -453,7 +453,7 @@ describe("webhooks", () => {
         // attempt 2 supersedes attempt 1; then attempt 1 arrives late: stale
         yield* kernel.expireLeases
         yield* kernel.tick
-        yield* Effect.repeatN(Effect.yieldNow(), 20)
+        yield* Effect.repeat(Effect.yieldNow, { times: 20 })
         expect(yield* reads).toBe(2)
         expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
         expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
@@ -608,7 +608,10 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
   })
 
   it.effect("during heartbeats: failures are ignored, the next beat renews the lease", () => {
-    const world = makeWorld({ fetchTakes: "150 seconds" })
+    // The body ends just after the fifth beat, not on it: Effect 4's TestClock wakes
+    // sleeps due at the same instant one by one in the order they were made, so a
+    // body ending exactly on a beat would finish the run before that beat fires.
+    const world = makeWorld({ fetchTakes: "151 seconds" })
     return Effect.gen(function*() {
       const kernel = yield* TestKernel.TestKernel
       const run = yield* kernel.run(world.agent, { key: "k" }, {

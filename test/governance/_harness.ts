@@ -115,10 +115,10 @@ export const recording = (inner: KernelClient.KernelClient.Service, log: Array<C
 })
 
 /** Let forked fibers and pending promises (Web Crypto) make progress. */
-export const settleMicrotasks = Effect.zipRight(
-  Effect.repeatN(Effect.yieldNow(), 4),
-  Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
-)
+export const settleMicrotasks = Effect.gen(function*() {
+  for (let i = 0; i < 5; i++) yield* Effect.yieldNow
+  yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+})
 
 /** Poll `condition` (yielding to other fibers and promises, no clock moves) until it holds. */
 export const until = <E>(what: string, condition: Effect.Effect<boolean, E>, rounds = 500): Effect.Effect<void> =>
@@ -127,7 +127,7 @@ export const until = <E>(what: string, condition: Effect.Effect<boolean, E>, rou
       if (yield* Effect.orDie(condition)) return
       yield* settleMicrotasks
     }
-    return yield* Effect.dieMessage(`timed out waiting for ${what}`)
+    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
   })
 
 /**

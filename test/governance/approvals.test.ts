@@ -5,7 +5,8 @@
  * decisions, and the other fibers of a blocked run.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, FiberId, Schema, TestClock } from "effect"
+import { Deferred, Duration, Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { Agent, Client, Tool } from "effect-rebuno"
 import type { KernelError } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
@@ -50,7 +51,7 @@ const makeWorld = (id = "shipper") => {
   })
   const strict = Agent.make({
     id: `${id}-strict`,
-    handler: () => Effect.zipRight(prepare({ version: "1.2" }), deploy({ version: "1.2" }))
+    handler: () => Effect.andThen(prepare({ version: "1.2" }), deploy({ version: "1.2" }))
   })
   return { count, agent, strict }
 }
@@ -236,15 +237,15 @@ describe("approvals", () => {
       const id = blocked.approvals[0]!.id
       const forbidden = (decidedBy: string) => Effect.flip(client.grantApproval(id, { decidedBy }))
       const carol: KernelError = yield* forbidden("carol")
-      expect([carol.status, carol.code, carol.description]).toEqual([
+      expect([carol.status, carol.code, carol.reason.description]).toEqual([
         403,
         "forbidden",
         "forbidden: \"carol\" is not an approver for this approval"
       ])
       // exact and case-sensitive; "" never matches a non-empty list; names are rendered escaped
-      expect((yield* forbidden("Alice")).description).toBe("forbidden: \"Alice\" is not an approver for this approval")
-      expect((yield* forbidden("")).description).toBe("forbidden: \"\" is not an approver for this approval")
-      expect((yield* forbidden("a\"b<")).description).toBe(
+      expect((yield* forbidden("Alice")).reason.description).toBe("forbidden: \"Alice\" is not an approver for this approval")
+      expect((yield* forbidden("")).reason.description).toBe("forbidden: \"\" is not an approver for this approval")
+      expect((yield* forbidden("a\"b<")).reason.description).toBe(
         "forbidden: \"a\\\"b<\" is not an approver for this approval"
       )
       const denyByCarol = yield* Effect.flip(client.denyApproval(id, { decidedBy: "carol", rationale: "no" }))
@@ -254,7 +255,7 @@ describe("approvals", () => {
 
       yield* client.grantApproval(id, { decidedBy: "alice" })
       const twice = yield* Effect.flip(client.grantApproval(id, { decidedBy: "alice" }))
-      expect([twice.status, twice.code, twice.description]).toEqual([409, "conflict", "conflict"])
+      expect([twice.status, twice.code, twice.reason.description]).toEqual([409, "conflict", "conflict"])
       const thenDeny = yield* Effect.flip(client.denyApproval(id, { decidedBy: "bob" }))
       expect([thenDeny.status, thenDeny.code]).toEqual([409, "conflict"])
       // conflict is checked before the approver
@@ -267,28 +268,28 @@ describe("approvals", () => {
 })
 
 describe("the other fibers of a blocked run", () => {
-  it.scoped("a sibling mid-body completes its step (CHECK passes), then its next submit is lease_superseded; nothing is reported", () => {
-    const started = Deferred.unsafeMake<void>(FiberId.none)
-    const release = Deferred.unsafeMake<void>(FiberId.none)
+  it.effect("a sibling mid-body completes its step (CHECK passes), then its next submit is lease_superseded; nothing is reported", () => {
+    const started = Deferred.makeUnsafe<void>()
+    const release = Deferred.makeUnsafe<void>()
     const ran: Array<string> = []
     const tool = (name: string, body: Effect.Effect<void> = Effect.void) =>
       Tool.make(name, {
         args: Schema.Struct({}),
         success: Schema.String,
-        execute: () => Effect.zipRight(body, Effect.sync(() => (ran.push(name), name)))
+        execute: () => Effect.andThen(body, Effect.sync(() => (ran.push(name), name)))
       })
     const gated = tool("deploy")
-    const slow = tool("fetch", Effect.zipRight(Deferred.succeed(started, undefined), Deferred.await(release)))
+    const slow = tool("fetch", Effect.andThen(Deferred.succeed(started, undefined), Deferred.await(release)))
     const after = tool("summarise")
     const agent = Agent.make({
       id: "parallel",
       handler: () =>
         Effect.all([
-          Effect.zipRight(slow({}), after({})),
+          Effect.andThen(slow({}), after({})),
           // submitted once the sibling is mid-body
-          Effect.zipRight(Deferred.await(started), gated({}))
-        ], { concurrency: 2, mode: "either" }).pipe(
-          Effect.map((results) => results.map((r) => (r._tag === "Right" ? r.right : r.left._tag)))
+          Effect.andThen(Deferred.await(started), gated({}))
+        ], { concurrency: 2, mode: "result" }).pipe(
+          Effect.map((results) => results.map((r) => (r._tag === "Success" ? r.success : r.failure._tag)))
         )
     })
     return Effect.gen(function*() {

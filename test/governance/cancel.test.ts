@@ -5,14 +5,15 @@
  * `execution_terminal` (Terminated) and the run ends without posting anything.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, FiberId, Schema, TestClock } from "effect"
+import { Deferred, Duration, Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { Agent, Client, Tool } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
 import { observe, payloads, until, yaml } from "./_harness.js"
 
 const makeWorld = () => {
-  const started = Deferred.unsafeMake<void>(FiberId.none)
-  const release = Deferred.unsafeMake<void>(FiberId.none)
+  const started = Deferred.makeUnsafe<void>()
+  const release = Deferred.makeUnsafe<void>()
   const ran: Array<string> = []
   const seen: Array<string> = []
   const fetch = Tool.make("fetch", {
@@ -54,7 +55,7 @@ const startRun = (world: ReturnType<typeof makeWorld>) =>
   })
 
 describe("cancellation", () => {
-  it.scoped("mid-step: the step is cancelled, the agent's next call is execution_terminal, nothing is posted", () => {
+  it.effect("mid-step: the step is cancelled, the agent's next call is execution_terminal, nothing is posted", () => {
     const world = makeWorld()
     return Effect.gen(function*() {
       const { observed, id } = yield* startRun(world)
@@ -89,7 +90,7 @@ describe("cancellation", () => {
     }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
   })
 
-  it.scoped("mid-step: a run still in its body stops at its next heartbeat (409 lease_superseded)", () => {
+  it.effect("mid-step: a run still in its body stops at its next heartbeat (409 lease_superseded)", () => {
     const world = makeWorld()
     return Effect.gen(function*() {
       const { observed, id } = yield* startRun(world)
@@ -104,13 +105,13 @@ describe("cancellation", () => {
     }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
   })
 
-  it.scoped("a handler that goes on after Terminated gets execution_terminal again, and still posts nothing", () => {
-    const started = Deferred.unsafeMake<void>(FiberId.none)
-    const release = Deferred.unsafeMake<void>(FiberId.none)
+  it.effect("a handler that goes on after Terminated gets execution_terminal again, and still posts nothing", () => {
+    const started = Deferred.makeUnsafe<void>()
+    const release = Deferred.makeUnsafe<void>()
     const slow = Tool.make("slow", {
       args: Schema.Struct({}),
       success: Schema.String,
-      execute: () => Effect.zipRight(Effect.zipRight(Deferred.succeed(started, undefined), Deferred.await(release)), Effect.succeed("x"))
+      execute: () => Effect.andThen(Effect.andThen(Deferred.succeed(started, undefined), Deferred.await(release)), Effect.succeed("x"))
     })
     const next = Tool.make("next", { args: Schema.Struct({}), success: Schema.String, execute: () => Effect.succeed("y") })
     const agent = Agent.make({
@@ -185,7 +186,7 @@ describe("cancellation", () => {
     })))
   })
 
-  it.scoped("after a cancel the dispatch stays released: later ticks deliver nothing", () => {
+  it.effect("after a cancel the dispatch stays released: later ticks deliver nothing", () => {
     const world = makeWorld()
     return Effect.gen(function*() {
       const { observed, id } = yield* startRun(world)

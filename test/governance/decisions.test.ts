@@ -160,7 +160,7 @@ describe("refusals as typed errors", () => {
     })
     const plain = Agent.make({
       id: "plain",
-      handler: () => Effect.zipRight(tools.deploy({ n: 1 }), tools.deploy({ n: 2 }))
+      handler: () => Effect.andThen(tools.deploy({ n: 1 }), tools.deploy({ n: 2 }))
     })
     return Effect.gen(function*() {
       const kernel = yield* TestKernel.TestKernel
@@ -268,7 +268,7 @@ describe("Blocked and the suspension backstop", () => {
     "  - { id: gate, when: { target: deploy }, then: { decision: require_approval } }"
   )
 
-  it.scoped("a handler that catches Blocked and returns a value posts nothing; the run stays blocked", () => {
+  it.effect("a handler that catches Blocked and returns a value posts nothing; the run stays blocked", () => {
     const tools = makeTools()
     const seen: Array<Blocked> = []
     const agent = Agent.make({

@@ -6,7 +6,8 @@
  * from 1 in every case.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, FiberId, Schema, TestClock } from "effect"
+import { Deferred, Duration, Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { Agent, Llm, Tool } from "effect-rebuno"
 import type { Protocol } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
@@ -243,11 +244,11 @@ describe("event order (PROTOCOL.md 12.3)", () => {
     }).pipe(Effect.provide(layer)))
 
   const makeParallel = () => {
-    const started = Deferred.unsafeMake<void>(FiberId.none)
+    const started = Deferred.makeUnsafe<void>()
     const slow = Tool.make("slow", {
       args: Schema.Struct({}),
       success: Schema.String,
-      execute: () => Effect.zipRight(Deferred.succeed(started, undefined), Effect.never)
+      execute: () => Effect.andThen(Deferred.succeed(started, undefined), Effect.never)
     })
     const gated = Tool.make("deploy", { args: Schema.Struct({}), success: Schema.String, execute: () => Effect.succeed("d") })
     const agent = (withApproval: boolean) =>
@@ -255,13 +256,13 @@ describe("event order (PROTOCOL.md 12.3)", () => {
         id: withApproval ? "both" : "executing",
         handler: () =>
           withApproval ?
-            Effect.asVoid(Effect.all([slow({}), Effect.zipRight(Deferred.await(started), gated({}))], { concurrency: 2 })) :
+            Effect.asVoid(Effect.all([slow({}), Effect.andThen(Deferred.await(started), gated({}))], { concurrency: 2 })) :
             Effect.asVoid(slow({}))
       })
     return { started, agent }
   }
 
-  it.scoped("cancel with an executing step: execution.cancelled, step.cancelled", () => {
+  it.effect("cancel with an executing step: execution.cancelled, step.cancelled", () => {
     const { agent, started } = makeParallel()
     return Effect.gen(function*() {
       const observed = yield* observe(agent(false))
@@ -291,7 +292,7 @@ describe("event order (PROTOCOL.md 12.3)", () => {
     }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
   })
 
-  it.scoped("cancel with both: execution.cancelled, then per pending approval approval.expired + step.denied, then step.cancelled", () => {
+  it.effect("cancel with both: execution.cancelled, then per pending approval approval.expired + step.denied, then step.cancelled", () => {
     const { agent, started } = makeParallel()
     return Effect.gen(function*() {
       const observed = yield* observe(agent(true), {

@@ -7,7 +7,7 @@
  */
 import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Context, Duration, Effect, Fiber, Layer, Schema, Stream } from "effect"
+import { Context, Duration, Effect, Fiber, Layer, Schema, Stream } from "effect"
 import { Agent, Client, KernelClient, Tool } from "effect-rebuno"
 import type { KernelError, Protocol } from "effect-rebuno"
 import * as Kernel from "effect-rebuno/kernel"
@@ -39,7 +39,7 @@ const awaitStatus = (client: Client.Client.Service, id: string, status: string) 
       if (execution.status === status) return execution
       yield* Effect.sleep(Duration.millis(10))
     }
-    return yield* Effect.dieMessage(`execution ${id} never reached ${status}`)
+    return yield* Effect.die(new Error(`execution ${id} never reached ${status}`))
   })
 
 const gate = yaml(
@@ -89,7 +89,7 @@ const withoutDispatch = (events: ReadonlyArray<Protocol.Event>) =>
   types(events).filter((t) => !t.startsWith("dispatch."))
 
 describe("Client over real HTTP", () => {
-  it.scopedLive("approvals: list, get, a 403 for a non-approver, grant; follow streams every event and ends at the end", () =>
+  it.live("approvals: list, get, a 403 for a non-approver, grant; follow streams every event and ends at the end", () =>
     Effect.gen(function*() {
       const { client, shipper } = yield* setupShipper
       const execution = yield* client.create("shipper", { version: "1.2" })
@@ -110,7 +110,7 @@ describe("Client over real HTTP", () => {
       expect(steps.find((s) => s.stepId === approval.stepId)?.status).toBe("awaiting_approval")
 
       const forbidden: KernelError = yield* Effect.flip(client.grantApproval(approval.id, { decidedBy: "mallory" }))
-      expect([forbidden.status, forbidden.code, forbidden.description]).toEqual([
+      expect([forbidden.status, forbidden.code, forbidden.reason.description]).toEqual([
         403,
         "forbidden",
         "forbidden: \"mallory\" is not an approver for this approval"
@@ -119,7 +119,6 @@ describe("Client over real HTTP", () => {
 
       const events = yield* client.follow(execution.id, { pollInterval: Duration.millis(20) }).pipe(
         Stream.runCollect,
-        Effect.map(Chunk.toReadonlyArray),
         Effect.timeout(Duration.seconds(10))
       )
       expect(events.map((e) => e.eventSeq)).toEqual(events.map((_, i) => i + 1))
@@ -160,7 +159,7 @@ describe("Client over real HTTP", () => {
       expect([twice.status, twice.code]).toEqual([409, "conflict"])
     }))
 
-  it.scopedLive("approvals: deny with and without a rationale reaches the handler as the reason", () =>
+  it.live("approvals: deny with and without a rationale reaches the handler as the reason", () =>
     Effect.gen(function*() {
       const { client, shipper } = yield* setupShipper
       const first = yield* client.create("shipper", {})
@@ -181,7 +180,7 @@ describe("Client over real HTTP", () => {
       expect(yield* client.getApproval(approvals[1]!.id)).toMatchObject({ status: "denied", rationale: "" })
     }))
 
-  it.scopedLive("list pages newest first with a cursor (7 executions, page size 3 → 3 pages); follow ends on cancel", () =>
+  it.live("list pages newest first with a cursor (7 executions, page size 3 → 3 pages); follow ends on cancel", () =>
     Effect.gen(function*() {
       const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
@@ -203,14 +202,14 @@ describe("Client over real HTTP", () => {
       expect(page3.executions.map((e) => e.id)).toEqual(newestFirst.slice(6))
       expect(page3.nextCursor).toBeUndefined()
       const all = yield* Stream.runCollect(client.listAll({ agentId: "pager", limit: 3 }))
-      expect(Chunk.toReadonlyArray(all).map((e) => e.id)).toEqual(newestFirst)
+      expect(all.map((e) => e.id)).toEqual(newestFirst)
       // without the agent filter the other agent's execution shows up; status filters too
       expect((yield* client.list({})).executions).toHaveLength(8)
       expect((yield* client.list({ status: "completed" })).executions).toEqual([])
 
       const target = created[2]!
-      const following = yield* Effect.fork(
-        client.follow(target, { pollInterval: Duration.millis(20) }).pipe(Stream.runCollect, Effect.map(Chunk.toReadonlyArray))
+      const following = yield* Effect.forkChild(
+        client.follow(target, { pollInterval: Duration.millis(20) }).pipe(Stream.runCollect)
       )
       yield* Effect.sleep(Duration.millis(50))
       yield* client.cancel(target)
@@ -219,7 +218,7 @@ describe("Client over real HTTP", () => {
       expect((yield* client.list({ status: "cancelled" })).executions.map((e) => e.id)).toEqual([target])
     }))
 
-  it.scopedLive("deltas: the SSE stream receives a delta posted to the stream route by the signed KernelClient", () =>
+  it.live("deltas: the SSE stream receives a delta posted to the stream route by the signed KernelClient", () =>
     Effect.gen(function*() {
       const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
@@ -227,13 +226,13 @@ describe("Client over real HTTP", () => {
       yield* client.registerAgent({ id: "streamer", webhookUrl: "http://127.0.0.1:9/none", secret })
       const execution = yield* client.create("streamer")
       const stepId = "a".repeat(64)
-      const receiving = yield* Effect.fork(
-        client.deltas(execution.id).pipe(Stream.take(2), Stream.runCollect, Effect.map(Chunk.toReadonlyArray))
+      const receiving = yield* Effect.forkChild(
+        client.deltas(execution.id).pipe(Stream.take(2), Stream.runCollect)
       )
       // the kernel keeps no buffer: publish until the subscriber has seen two
       const caller = { agentId: "streamer", lease: { dispatchId: "0192f1a0-0000-7000-8000-000000000001", attempt: 1 } }
       let seq = 0
-      while ((yield* Fiber.poll(receiving))._tag === "None" && seq < 500) {
+      while (receiving.pollUnsafe() === undefined && seq < 500) {
         yield* agentClient.publishDelta(caller, execution.id, stepId, seq, `chunk <${seq}> & "more"`)
         seq++
         yield* Effect.sleep(Duration.millis(10))
@@ -245,7 +244,7 @@ describe("Client over real HTTP", () => {
       expect(deltas[1]).toEqual({ stepId, seq: first.seq + 1, data: `chunk <${first.seq + 1}> & "more"` })
     }))
 
-  it.scopedLive("agents admin and policies: register, list, get, load, refuse, re-register drops the bundle, delete", () =>
+  it.live("agents admin and policies: register, list, get, load, refuse, re-register drops the bundle, delete", () =>
     Effect.gen(function*() {
       const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
@@ -261,13 +260,13 @@ describe("Client over real HTTP", () => {
       const bad: KernelError = yield* Effect.flip(
         client.loadPolicy("beta", yaml("rules:", "  - { id: x, then: { decision: allow } }", "  - { id: y, then: { decision: deny } }"))
       )
-      expect([bad.status, bad.code, bad.description]).toEqual([
+      expect([bad.status, bad.code, bad.reason.description]).toEqual([
         400,
         "validation_error",
         "load policy bundle: validation error: invalid policy bundle: duplicate priority 0 used by \"x\" and \"y\""
       ])
       const missing = yield* Effect.flip(client.loadPolicy("gamma", gate))
-      expect([missing.status, missing.code, missing.description]).toEqual([404, "not_found", "load policy bundle: not found"])
+      expect([missing.status, missing.code, missing.reason.description]).toEqual([404, "not_found", "load policy bundle: not found"])
       expect((yield* client.getAgent("beta")).policyBundle).toBe(gate)
 
       // upsert replaces the whole record and drops the loaded bundle (quirk)

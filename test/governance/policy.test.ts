@@ -345,22 +345,22 @@ describe("loading policy at runtime", () => {
         const error: KernelError = yield* refuse(bundle)
         expect(error.status).toBe(400)
         expect(error.code).toBe("validation_error")
-        if (detail.endsWith(": ")) expect(error.description.startsWith(prefix + detail)).toBe(true)
-        else expect(error.description).toBe(prefix + detail)
+        if (detail.endsWith(": ")) expect(error.reason.description.startsWith(prefix + detail)).toBe(true)
+        else expect(error.reason.description).toBe(prefix + detail)
       }
       // a refused bundle leaves the loaded one in force
       expect((yield* client.getAgent("probe")).policyBundle).toBe(denyShell)
       expect((yield* decide("probe", [{ target: "shell" }])).outcomes).toEqual(["deny: no shell today"])
 
       const missing = yield* Effect.flip(client.loadPolicy("nobody", denyShell))
-      expect([missing.status, missing.code, missing.description]).toEqual([
+      expect([missing.status, missing.code, missing.reason.description]).toEqual([
         404,
         "not_found",
         "load policy bundle: not found"
       ])
       // validation comes before the agent lookup
       const both = yield* Effect.flip(client.loadPolicy("nobody", "rules: [{ id: '' }]\n"))
-      expect([both.status, both.description]).toEqual([400, prefix + "rule missing id"])
+      expect([both.status, both.reason.description]).toEqual([400, prefix + "rule missing id"])
 
       yield* client.loadPolicy("probe", "")
       expect((yield* client.getAgent("probe")).policyBundle).toBe("")

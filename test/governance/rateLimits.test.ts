@@ -5,7 +5,8 @@
  * limits on non-allow rules.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Schema, TestClock } from "effect"
+import { Duration, Effect, Schema } from "effect"
+import { TestClock } from "effect/testing"
 import { Agent, Tool } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
 import { makeProbe, yaml } from "./_harness.js"

@@ -12,7 +12,7 @@ import * as KernelConfig from "../../src/kernel/Config.js"
 const repoRoot = fileURLToPath(new URL("../..", import.meta.url))
 
 const fromEnv = (env: Record<string, string>) =>
-  Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env))))
+  Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromUnknown(env, { preserveEmptyStrings: true }))
 
 interface Spawned {
   readonly child: ChildProcess.ChildProcess
@@ -124,8 +124,8 @@ describe("Config", () => {
           { REBUNO_LISTEN_ADDR: "8080" }
         ]
       ) {
-        const result = yield* Effect.either(KernelConfig.kernelConfig.pipe(fromEnv(env)))
-        expect(result._tag).toBe("Left")
+        const result = yield* Effect.result(KernelConfig.kernelConfig.pipe(fromEnv(env)))
+        expect(result._tag).toBe("Failure")
       }
       const off = yield* KernelConfig.kernelConfig.pipe(fromEnv({ REBUNO_DEADLINE_TIMEOUT: "0s" }))
       expect(off.deadlineMs).toBeUndefined()
@@ -141,12 +141,12 @@ describe("Config", () => {
 })
 
 describe("CLI", () => {
-  it.scopedLive("dev: prints the URL and agents, serves, applies flags", () =>
+  it.live("dev: prints the URL and agents, serves, applies flags", () =>
     Effect.gen(function*() {
       // a webhook receiver to observe the lease timeout flag
       const webhooks: Array<string> = []
       const receiver = yield* Effect.acquireRelease(
-        Effect.async<Http.Server>((resume) => {
+        Effect.callback<Http.Server>((resume) => {
           const server = Http.createServer((req, res) => {
             let body = ""
             req.on("data", (c) => (body += c))
@@ -159,7 +159,7 @@ describe("CLI", () => {
           server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
         }),
         (server) =>
-          Effect.async<void>((resume) => {
+          Effect.callback<void>((resume) => {
             server.closeAllConnections()
             server.close(() => resume(Effect.void))
           })
@@ -190,7 +190,7 @@ describe("CLI", () => {
       expect(webhooks[0]).toMatch(/"dispatch_attempt":1,"lease_timeout_seconds":45\}$/)
     }), 60_000)
 
-  it.scopedLive("REBUNO_LISTEN_ADDR sets host and port", () =>
+  it.live("REBUNO_LISTEN_ADDR sets host and port", () =>
     Effect.gen(function*() {
       const cli = yield* scopedCli(["dev"], { REBUNO_LISTEN_ADDR: "127.0.0.1:0" })
       const line = yield* Effect.promise(() => cli.waitFor(/listening on/))
@@ -198,7 +198,7 @@ describe("CLI", () => {
       yield* Effect.promise(() => cli.waitFor(/^no agents registered/))
     }), 60_000)
 
-  it.scopedLive("start-up errors exit non-zero with the message", () =>
+  it.live("start-up errors exit non-zero with the message", () =>
     Effect.gen(function*() {
       const dir = yield* tempDir
       const manifest = Path.join(dir, "bad.yaml")

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Fiber, Queue, TestClock } from "effect"
+import { Effect, Fiber, Queue } from "effect"
+import { TestClock } from "effect/testing"
 import * as fc from "fast-check"
 import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
@@ -535,7 +536,7 @@ describe("Core", () => {
         // a late webhook outcome is fenced
         const seq = yield* lastSeq(core, execution.id)
         yield* core.recordDelivery({ ...(yield* core.claimDue(10))[0]!, attempt: 1 } as Core.Claim, false).pipe(
-          Effect.catchAllDefect(() => Effect.void)
+          Effect.catchDefect(() => Effect.void)
         )
         expect(yield* lastSeq(core, execution.id)).toBe(seq)
       }))
@@ -686,15 +687,15 @@ describe("Core", () => {
     it.effect("enqueued signals a new dispatch", () =>
       Effect.gen(function*() {
         const core = yield* setup()
-        const waiter = yield* Effect.fork(core.enqueued)
-        yield* Effect.yieldNow()
-        expect((yield* Fiber.poll(waiter))._tag).toBe("None")
+        const waiter = yield* Effect.forkChild(core.enqueued)
+        yield* Effect.yieldNow
+        expect(waiter.pollUnsafe()).toBeUndefined()
         yield* core.createExecution({ agentId: "hello", inputRaw: undefined, agentVersion: undefined })
         yield* Fiber.join(waiter)
         // nothing pending now
-        const second = yield* Effect.fork(core.enqueued)
-        yield* Effect.yieldNow()
-        expect((yield* Fiber.poll(second))._tag).toBe("None")
+        const second = yield* Effect.forkChild(core.enqueued)
+        yield* Effect.yieldNow
+        expect(second.pollUnsafe()).toBeUndefined()
         yield* Fiber.interrupt(second)
       }))
 
@@ -1119,17 +1120,17 @@ describe("Core", () => {
         expect(events.map((e) => e.seq)).toEqual(events.map((_, i) => i + 1))
       }))
 
-    it.scoped("deltas fan out per execution; a full 64-delta buffer drops new ones", () =>
+    it.effect("deltas fan out per execution; a full 64-delta buffer drops new ones", () =>
       Effect.gen(function*() {
         const core = yield* setup()
         const a = yield* core.subscribeDeltas("e1")
         const b = yield* core.subscribeDeltas("e1")
         const other = yield* core.subscribeDeltas("e2")
         for (let i = 0; i < 70; i++) yield* core.publishDelta("e1", { stepId: "s", seq: i, data: "d" + i })
-        const got = Chunk.toReadonlyArray(yield* Queue.takeAll(a))
+        const got = yield* Queue.clear(a)
         expect(got.map((d) => d.seq)).toEqual(Array.from({ length: 64 }, (_, i) => i))
-        expect((yield* Queue.takeAll(b)).length).toBe(64)
-        expect((yield* Queue.takeAll(other)).length).toBe(0)
+        expect((yield* Queue.clear(b)).length).toBe(64)
+        expect((yield* Queue.clear(other)).length).toBe(0)
         yield* core.publishDelta("e1", { stepId: "s", seq: 70, data: "x" })
         expect((yield* Queue.take(a)).seq).toBe(70)
       }))

@@ -1,6 +1,7 @@
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Queue, Ref, TestClock } from "effect"
+import { Clock, Deferred, Effect, Fiber, Queue, Ref } from "effect"
+import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as Signature from "../../src/Signature.js"
@@ -41,7 +42,7 @@ const setup = (settings: Partial<Core.Settings> = {}) =>
   })
 
 /** Lets forked fibers run until they block. */
-const settle = Effect.repeatN(Effect.yieldNow(), 20)
+const settle = Effect.repeat(Effect.yieldNow, { times: 20 })
 
 /** Waits (in real time, for Web Crypto signing) until `check` holds. */
 const eventually = <E, R>(check: Effect.Effect<boolean, E, R>) =>
@@ -58,7 +59,7 @@ const eventually = <E, R>(check: Effect.Effect<boolean, E, R>) =>
  * Crypto, which resolves in real time), so the clock only moves between ticks.
  */
 const deliveredAll = (core: Core.KernelCore, log: Queue.Queue<Delivered>, taken = 0) =>
-  Effect.zipRight(
+  Effect.andThen(
     settle,
     eventually(
       Effect.zipWith(
@@ -74,7 +75,7 @@ const eventTypes = (core: Core.KernelCore, id: string) =>
   Effect.map(core.eventLog(id), (events) => events.map((e) => e.type))
 
 describe("Dispatcher", () => {
-  it.scoped("delivers the exact signed webhook body", () =>
+  it.effect("delivers the exact signed webhook body", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup()
       const { deliver, log } = yield* recorder()
@@ -97,7 +98,7 @@ describe("Dispatcher", () => {
       expect(dispatch).toMatchObject({ status: "in_flight", attempt: 1 })
     }))
 
-  it.scoped("compat v0.14.0 webhooks carry only the two ids", () =>
+  it.effect("compat v0.14.0 webhooks carry only the two ids", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ compat: "v0.14.0" })
       const { deliver, log } = yield* recorder()
@@ -108,7 +109,7 @@ describe("Dispatcher", () => {
       expect(sent.body).toBe(`{"execution_id":"${id}","dispatch_id":"${sent.claim.dispatchId}"}`)
     }))
 
-  it.scoped("per-agent lease timeouts show in the webhook", () =>
+  it.effect("per-agent lease timeouts show in the webhook", () =>
     Effect.gen(function*() {
       const { core } = yield* setup()
       yield* core.registerAgent({ id: "slow", webhookUrl: "", secret: "s", leaseTimeoutSeconds: 45 })
@@ -119,7 +120,7 @@ describe("Dispatcher", () => {
       expect((yield* Queue.take(log)).body).toMatch(/"dispatch_attempt":1,"lease_timeout_seconds":45\}$/)
     }))
 
-  it.scoped("ticks at once on enqueue, then every 2 s", () =>
+  it.effect("ticks at once on enqueue, then every 2 s", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ leaseTimeoutMs: 120_000 })
       const { deliver, log } = yield* recorder()
@@ -138,7 +139,7 @@ describe("Dispatcher", () => {
       expect(yield* Queue.size(log)).toBe(0)
     }))
 
-  it.scoped("failed deliveries back off and exhaust after max attempts", () =>
+  it.effect("failed deliveries back off and exhaust after max attempts", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ maxAttempts: 5 })
       const { deliver, log } = yield* recorder(() => false)
@@ -149,7 +150,7 @@ describe("Dispatcher", () => {
         yield* deliveredAll(core, log)
         yield* TestClock.adjust("1 second")
       }
-      const sent = yield* Queue.takeAll(log)
+      const sent = yield* Queue.clear(log)
       expect([...sent].map((d) => [d.claim.attempt, d.at])).toEqual([
         [1, 0],
         [2, 2_000],
@@ -173,7 +174,7 @@ describe("Dispatcher", () => {
       ])
     }))
 
-  it.scoped("lapsed leases are reclaimed and redelivered with the same dispatch id", () =>
+  it.effect("lapsed leases are reclaimed and redelivered with the same dispatch id", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ leaseTimeoutMs: 10_000, maxAttempts: 2 })
       const { deliver, log } = yield* recorder()
@@ -184,7 +185,7 @@ describe("Dispatcher", () => {
         yield* deliveredAll(core, log)
         yield* TestClock.adjust("1 second")
       }
-      const sent = [...(yield* Queue.takeAll(log))]
+      const sent = [...(yield* Queue.clear(log))]
       expect(sent.map((d) => d.claim.attempt)).toEqual([1, 2])
       expect(sent[1]!.claim.dispatchId).toBe(sent[0]!.claim.dispatchId)
       // reclaimed on the first tick after locked_at + 10 s
@@ -200,7 +201,7 @@ describe("Dispatcher", () => {
       ])
     }))
 
-  it.scoped("delivers at most `concurrency` webhooks at once and tick awaits them", () =>
+  it.effect("delivers at most `concurrency` webhooks at once and tick awaits them", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup()
       const active = yield* Ref.make(0)
@@ -216,11 +217,11 @@ describe("Dispatcher", () => {
         })
       const dispatcher = yield* Dispatcher.make(core, { deliver, concurrency: 3, background: false })
       for (let i = 0; i < 12; i++) yield* create
-      const tick = yield* Effect.fork(dispatcher.tick)
+      const tick = yield* Effect.forkChild(dispatcher.tick)
       yield* eventually(Effect.map(Ref.get(active), (n) => n === 3))
       yield* Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 20)))
       expect(yield* Ref.get(active)).toBe(3)
-      expect(tick.unsafePoll()).toBeNull()
+      expect(tick.pollUnsafe()).toBeUndefined()
       yield* Deferred.succeed(release, undefined)
       yield* Fiber.join(tick)
       expect(yield* Ref.get(peak)).toBe(3)
@@ -230,7 +231,7 @@ describe("Dispatcher", () => {
       expect(dispatches.filter((d) => d.attempt === 0)).toHaveLength(2)
     }))
 
-  it.scoped("each tick expires due approvals", () =>
+  it.effect("each tick expires due approvals", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ approvalTimeoutMs: 60_000 })
       yield* core.loadPolicy(
@@ -259,7 +260,7 @@ describe("Dispatcher", () => {
       expect(second.claim.attempt).toBe(1)
     }))
 
-  it.scoped("deadline sweep runs every 30 s when deadlines are on", () =>
+  it.effect("deadline sweep runs every 30 s when deadlines are on", () =>
     Effect.gen(function*() {
       const { core, create } = yield* setup({ deadlineMs: 5_000 })
       const { deliver } = yield* recorder()
@@ -279,12 +280,12 @@ describe("Dispatcher", () => {
   describe("HTTP deliverer", () => {
     const serve = (handler: Http.RequestListener) =>
       Effect.acquireRelease(
-        Effect.async<Http.Server>((resume) => {
+        Effect.callback<Http.Server>((resume) => {
           const server = Http.createServer(handler)
           server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
         }),
         (server) =>
-          Effect.async<void>((resume) => {
+          Effect.callback<void>((resume) => {
             server.closeAllConnections()
             server.close(() => resume(Effect.void))
           })
@@ -317,7 +318,7 @@ describe("Dispatcher", () => {
       "{\"execution_id\":\"0192f1a0-0000-7000-8000-000000000000\",\"dispatch_id\":\"0192f1a0-0000-7000-8000-0000000000d1\",\"dispatch_attempt\":1,\"lease_timeout_seconds\":120}"
     const SIG = "sha256=25199efc9ab5c6ddfaa8f3436f2487db5b2c76046e09e31cdc458b50bb37f58a"
 
-    it.scopedLive("POSTs the webhook with its headers, follows redirects like Go, maps statuses", () =>
+    it.live("POSTs the webhook with its headers, follows redirects like Go, maps statuses", () =>
       Effect.gen(function*() {
         const seen: Array<Seen> = []
         const base = yield* serve((req, res) => {
@@ -377,7 +378,7 @@ describe("Dispatcher", () => {
         expect(yield* send("/500")).toBe(false)
       }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
 
-    it.scopedLive("network errors and timeouts are failures", () =>
+    it.live("network errors and timeouts are failures", () =>
       Effect.gen(function*() {
         const base = yield* serve(() => {
           // never answers

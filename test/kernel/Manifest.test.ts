@@ -23,7 +23,7 @@ const write = (dir: string, name: string, text: string): string => {
 }
 
 const withEnv = (env: Record<string, string>) =>
-  Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(env))))
+  Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromUnknown(env, { preserveEmptyStrings: true }))
 
 const loadText = (text: string, env: Record<string, string> = {}) =>
   Effect.gen(function*() {
@@ -72,7 +72,7 @@ describe("Manifest", () => {
   })
 
   describe("load", () => {
-    it.scoped("parses agents with env expansion, inline policy and lease override", () =>
+    it.effect("parses agents with env expansion, inline policy and lease override", () =>
       Effect.gen(function*() {
         const agents = yield* loadText(
           `agents:
@@ -108,14 +108,14 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
         ])
       }))
 
-    it.scoped("an empty manifest or an empty agents list registers nothing", () =>
+    it.effect("an empty manifest or an empty agents list registers nothing", () =>
       Effect.gen(function*() {
         expect(yield* loadText("")).toEqual([])
         expect(yield* loadText("agents:\n")).toEqual([])
         expect(yield* loadText("agents: []\nother: 1\n")).toEqual([])
       }))
 
-    it.scoped("resolves policy_file against the manifest directory, without expanding it", () =>
+    it.effect("resolves policy_file against the manifest directory, without expanding it", () =>
       Effect.gen(function*() {
         const dir = yield* tempDir
         const policy = "default_action: allow\nrules:\n  - id: r\n    when: { target: \"$NOT_EXPANDED\" }\n    then: { decision: deny }\n"
@@ -130,7 +130,7 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
         expect(agents.map((a) => [a.id, a.policyBundle])).toEqual([["shell", policy], ["abs", POLICY]])
       }))
 
-    it.scoped("error messages", () =>
+    it.effect("error messages", () =>
       Effect.gen(function*() {
         expect(yield* errorOf("agents:\n  - id: a\n  - webhook_url: x\n")).toBe("agents[1]: id is required")
         expect(yield* errorOf("agents:\n  - id: \"\"\n")).toBe("agents[0]: id is required")
@@ -149,7 +149,7 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
         expect(yield* errorOf("agents: [")).toMatch(/^parse manifest: /)
       }))
 
-    it.scoped("an unreadable manifest is an error", () =>
+    it.effect("an unreadable manifest is an error", () =>
       Effect.gen(function*() {
         const error = yield* Effect.flip(Manifest.load("/nonexistent/manifest.yaml").pipe(Effect.provide(platform)))
         expect(error.message).toMatch(/^read manifest "\/nonexistent\/manifest.yaml": /)
@@ -157,7 +157,7 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
   })
 
   describe("register", () => {
-    it.scoped("upserts agents with their policies and leaves others alone", () =>
+    it.effect("upserts agents with their policies and leaves others alone", () =>
       Effect.gen(function*() {
         const core = yield* Core.make()
         yield* core.registerAgent({ id: "other", webhookUrl: "http://o", secret: "o" })

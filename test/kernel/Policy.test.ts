@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Either } from "effect"
+import { Result } from "effect"
 import * as Policy from "../../src/kernel/Policy.js"
 import * as Duration from "../../src/kernel/internal/duration.js"
 import * as Glob from "../../src/kernel/internal/glob.js"
@@ -7,14 +7,14 @@ import * as GoFormat from "../../src/kernel/internal/goFormat.js"
 
 const load = (yaml: string): Policy.Bundle => {
   const result = Policy.parseBundle(yaml)
-  if (Either.isLeft(result)) throw new Error(`bundle rejected: ${result.left}`)
-  return result.right
+  if (Result.isFailure(result)) throw new Error(`bundle rejected: ${result.failure}`)
+  return result.success
 }
 
 const rejection = (yaml: string): string => {
   const result = Policy.parseBundle(yaml)
-  if (Either.isRight(result)) throw new Error("bundle unexpectedly loaded")
-  return result.left
+  if (Result.isSuccess(result)) throw new Error("bundle unexpectedly loaded")
+  return result.failure
 }
 
 const input = (overrides: Partial<Policy.PolicyInput> = {}): Policy.PolicyInput => ({
@@ -182,7 +182,7 @@ rules:
 
   it("compiles regexes with RE2 and rejects what RE2 rejects", () => {
     for (const pattern of ["(?i)^ls", "a\\z", "(?P<name>x)", "\\pL+", "[[:alpha:]]"]) {
-      expect(Either.isRight(Policy.parseBundle(argumentYaml(pattern)))).toBe(true)
+      expect(Result.isSuccess(Policy.parseBundle(argumentYaml(pattern)))).toBe(true)
     }
     expect(rejection(argumentYaml("^(?=ls)"))).toBe(
       "rule \"r\" argument \"v\" invalid regex: error parsing regexp: invalid or unsupported Perl syntax: `(?=`"
@@ -267,7 +267,7 @@ rules:
       Policy.parseBundle(`rules:\n  - id: r\n    then: { decision: require_approval, approval_config: { timeout: ${value} } }\n`)
     const ms = (value: string) => {
       const result = timeout(value)
-      return Either.isRight(result) ? result.right.rules[0]!.then.approval.timeoutMs : result.left
+      return Result.isSuccess(result) ? result.success.rules[0]!.then.approval.timeoutMs : result.failure
     }
     expect(ms("30s")).toBe(30_000)
     expect(ms("1m30s")).toBe(90_000)

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Either } from "effect"
+import { Result } from "effect"
 import * as Policy from "../../src/kernel/Policy.js"
 import * as RateLimiter from "../../src/kernel/RateLimiter.js"
 
@@ -122,8 +122,8 @@ rules:
     when: { target: pay }
     then: { decision: allow, rate_limit: { max_calls: 1, window: 1h, per_what: global } }
 `)
-    if (Either.isLeft(result)) throw new Error(result.left)
-    return result.right
+    if (Result.isFailure(result)) throw new Error(result.failure)
+    return result.success
   })()
 
   /** Evaluates and takes a token the way the kernel does (7.3 steps 11–12). */

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Option, Redacted, Stream, TestClock } from "effect"
-import type { Scope } from "effect"
+import { Cause, Effect, Fiber, Redacted, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import * as Signature from "../../src/Signature.js"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
@@ -587,7 +587,7 @@ describe("Routes", () => {
         expect((yield* h.agent("POST", "/v0/executions/x/steps/a/stream", data(2))).body).toBe(VALIDATION)
       }))
 
-    it.scoped("SSE frames deltas and keep-alives and never ends", () =>
+    it.effect("SSE frames deltas and keep-alives and never ends", () =>
       Effect.gen(function*() {
         const h = yield* harness()
         const { id } = yield* running(h)
@@ -600,21 +600,21 @@ describe("Routes", () => {
           connection: "keep-alive"
         })
         const pull = yield* Stream.toPull(res.body as Stream.Stream<Uint8Array>)
-        const next = (): Effect.Effect<string, Option.Option<never>, Scope.Scope> =>
-          Effect.map(pull, (chunk) => Chunk.toReadonlyArray(chunk).map((b) => decoder.decode(b)).join(""))
+        const next = (): Effect.Effect<string, Cause.Done> =>
+          Effect.map(pull, (chunk) => chunk.map((b) => decoder.decode(b)).join(""))
         // the first (empty) chunk marks the subscription as live
         expect(yield* next()).toBe("")
         yield* h.agent("POST", `/v0/executions/${id}/steps/s1/stream`, "{\"seq\":0,\"data\":\"<b>\"}")
         expect(yield* next()).toBe("data: {\"step_id\":\"s1\",\"seq\":0,\"data\":\"\\u003cb\\u003e\"}\n\n")
-        const keepAlive = yield* Effect.fork(next())
+        const keepAlive = yield* Effect.forkChild(next())
         yield* TestClock.adjust("14 seconds")
         yield* TestClock.adjust("1 second")
-        expect(yield* keepAlive).toBe(": keep-alive\n\n")
+        expect(yield* Fiber.join(keepAlive)).toBe(": keep-alive\n\n")
         // the execution ending does not end the stream
         yield* h.send("POST", `/v0/executions/${id}/cancel`)
-        const more = yield* Effect.fork(next())
+        const more = yield* Effect.forkChild(next())
         yield* TestClock.adjust("15 seconds")
-        expect(yield* more).toBe(": keep-alive\n\n")
+        expect(yield* Fiber.join(more)).toBe(": keep-alive\n\n")
       }))
   })
 })

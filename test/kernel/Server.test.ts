@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Redacted } from "effect"
+import { Effect, Fiber, Redacted } from "effect"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -21,7 +21,7 @@ const raw = (
   path: string,
   options: { readonly headers?: Http.OutgoingHttpHeaders; readonly body?: string | Buffer } = {}
 ) =>
-  Effect.async<RawResponse, Error>((resume) => {
+  Effect.callback<RawResponse, Error>((resume) => {
     const req = Http.request(base + path, { method, headers: options.headers ?? {}, agent: false }, (res) => {
       const chunks: Array<Buffer> = []
       res.on("data", (c: Buffer) => chunks.push(c))
@@ -36,7 +36,7 @@ const start = (options: Kernel.StartOptions = {}) =>
   Kernel.start({ port: 0, dispatcher: { deliver: () => Effect.succeed(true) }, ...options })
 
 describe("Server", () => {
-  it.scopedLive("serves exact JSON bytes on a real socket", () =>
+  it.live("serves exact JSON bytes on a real socket", () =>
     Effect.gen(function*() {
       const kernel = yield* start()
       expect(kernel.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
@@ -47,7 +47,7 @@ describe("Server", () => {
       expect(res.body.toString("utf8")).toBe("{\"status\":\"ok\"}\n")
     }))
 
-  it.scopedLive("routing errors: 404 text/plain, 405 and 204 without content type", () =>
+  it.live("routing errors: 404 text/plain, 405 and 204 without content type", () =>
     Effect.gen(function*() {
       const { url } = yield* start()
       const notFound = yield* raw(url, "GET", "/v0/unknown")
@@ -66,7 +66,7 @@ describe("Server", () => {
       expect(deleted.body.length).toBe(0)
     }))
 
-  it.scopedLive("bearer token when configured", () =>
+  it.live("bearer token when configured", () =>
     Effect.gen(function*() {
       const { url } = yield* start({ apiToken: Redacted.make("tok") })
       const denied = yield* raw(url, "GET", "/v0/agents")
@@ -76,7 +76,7 @@ describe("Server", () => {
       expect(ok.body.toString()).toBe("[]\n")
     }))
 
-  it.scopedLive("body cap over HTTP: 400 on bearer routes, 401 on agent routes", () =>
+  it.live("body cap over HTTP: 400 on bearer routes, 401 on agent routes", () =>
     Effect.gen(function*() {
       const { url, core } = yield* start()
       yield* core.registerAgent({ id: "a", webhookUrl: "", secret: "s" })
@@ -94,11 +94,11 @@ describe("Server", () => {
       expect((yield* raw(url, "GET", "/v0/ready")).status).toBe(200)
     }))
 
-  it.scopedLive("SSE: headers flushed at once, frames as published", () =>
+  it.live("SSE: headers flushed at once, frames as published", () =>
     Effect.gen(function*() {
       const { url, core } = yield* start()
       const id = "0192f1a0-0000-7000-8000-000000000000"
-      const received = yield* Effect.async<{ res: Http.IncomingMessage; req: Http.ClientRequest }, Error>(
+      const received = yield* Effect.callback<{ res: Http.IncomingMessage; req: Http.ClientRequest }, Error>(
         (resume) => {
           const req = Http.get(url + `/v0/executions/${id}/stream`, { agent: false }, (res) => {
             resume(Effect.succeed({ res, req }))
@@ -112,20 +112,20 @@ describe("Server", () => {
       expect(res.headers["content-type"]).toBe("text/event-stream")
       expect(res.headers["cache-control"]).toBe("no-cache")
       expect(res.headers["connection"]).toBe("keep-alive")
-      const frame = Effect.async<string>((resume) => {
+      const frame = Effect.callback<string>((resume) => {
         res.once("data", (chunk: Buffer) => resume(Effect.succeed(chunk.toString("utf8"))))
       })
-      const next = yield* Effect.fork(frame)
+      const next = yield* Effect.forkChild(frame)
       yield* core.publishDelta(id, { stepId: "s", seq: 3, data: "a&b" })
-      expect(yield* next).toBe("data: {\"step_id\":\"s\",\"seq\":3,\"data\":\"a\\u0026b\"}\n\n")
+      expect(yield* Fiber.join(next)).toBe("data: {\"step_id\":\"s\",\"seq\":3,\"data\":\"a\\u0026b\"}\n\n")
     }))
 
-  it.scopedLive("end to end: manifest, HTTP webhook, signed agent calls", () =>
+  it.live("end to end: manifest, HTTP webhook, signed agent calls", () =>
     Effect.gen(function*() {
       // a minimal agent: verifies the webhook, answers 200, then heartbeats and completes
       const webhooks: Array<{ body: string; signature: string | undefined }> = []
       const agentServer = yield* Effect.acquireRelease(
-        Effect.async<Http.Server>((resume) => {
+        Effect.callback<Http.Server>((resume) => {
           const server = Http.createServer((req, res) => {
             let body = ""
             req.on("data", (c) => (body += c))
@@ -138,7 +138,7 @@ describe("Server", () => {
           server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
         }),
         (server) =>
-          Effect.async<void>((resume) => {
+          Effect.callback<void>((resume) => {
             server.close(() => resume(Effect.void))
           })
       )

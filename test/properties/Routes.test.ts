@@ -23,7 +23,7 @@
  * complete step, complete execution) succeeds.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Result } from "effect"
 import * as fc from "fast-check"
 import * as Signature from "../../src/Signature.js"
 import {
@@ -56,8 +56,8 @@ describe("property: bad input to every kernel route (in-process)", () => {
             const world = yield* seed(tokenMode, secret)
             for (const plan of requests) {
               const built = yield* build(world, plan)
-              const record = yield* Effect.either(world.core.getAgent(KERNEL_AGENT))
-              const secret = record._tag === "Right" ? record.right.secret : undefined
+              const record = yield* Effect.result(world.core.getAgent(KERNEL_AGENT))
+              const secret = Result.isSuccess(record) ? record.success.secret : undefined
               const expected = secret === undefined || built.body._tag !== "Bytes"
                 ? "<none>"
                 : yield* Signature.sign(secret, built.body.bytes)

@@ -10,7 +10,7 @@
  * still serves.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Redacted } from "effect"
+import { Effect, Exit, Layer, Redacted, Result } from "effect"
 import * as fc from "fast-check"
 import * as Http from "node:http"
 import * as Net from "node:net"
@@ -150,10 +150,10 @@ const socketHandle = (base: string) => (req: Routes.KernelRequest): Effect.Effec
     if (req.body instanceof Uint8Array) {
       body = req.body
     } else {
-      const read = yield* Effect.either(req.body)
-      if (read._tag === "Right") {
-        body = read.right
-      } else if (read.left._tag === "BodyTooLarge") {
+      const read = yield* Effect.result(req.body)
+      if (Result.isSuccess(read)) {
+        body = read.success
+      } else if (read.failure._tag === "BodyTooLarge") {
         body = oversizedBody()
       } else {
         const plain: Record<string, string> = {}
@@ -182,7 +182,7 @@ const healthy = (url: string) =>
   })
 
 describe("property: bad input over real sockets", () => {
-  it.scoped("kernel: protocol statuses and exact envelopes over HTTP; the server keeps serving", () =>
+  it.effect("kernel: protocol statuses and exact envelopes over HTTP; the server keeps serving", () =>
     Effect.gen(function*() {
       yield* checkProperty(
         "kernel routes (socket)",
@@ -202,8 +202,8 @@ describe("property: bad input over real sockets", () => {
             })
             for (const plan of requests) {
               const built = yield* build(world, plan)
-              const record = yield* Effect.either(world.core.getAgent(KERNEL_AGENT))
-              const agentSecret = record._tag === "Right" ? record.right.secret : undefined
+              const record = yield* Effect.result(world.core.getAgent(KERNEL_AGENT))
+              const agentSecret = Result.isSuccess(record) ? record.success.secret : undefined
               const expected = agentSecret === undefined || built.body._tag !== "Bytes"
                 ? "<none>"
                 : yield* Signature.sign(agentSecret, built.body.bytes)
@@ -220,7 +220,7 @@ describe("property: bad input over real sockets", () => {
       )
     }), propertyTimeout)
 
-  it.scoped("kernel: the 10 MiB cap (400 bearer, 401 agent), at-the-cap bodies, aborted and non-HTTP input", () =>
+  it.effect("kernel: the 10 MiB cap (400 bearer, 401 agent), at-the-cap bodies, aborted and non-HTTP input", () =>
     Effect.gen(function*() {
       const kernel = yield* startKernel(false)
       const world = yield* seedCore(kernel.core, {
@@ -324,7 +324,7 @@ describe("property: bad input over real sockets", () => {
       yield* validFlow(world)
     }))
 
-  it.scoped("agent: Agent.serve over a socket — verdicts, the webhook body cap, aborted uploads", () =>
+  it.effect("agent: Agent.serve over a socket — verdicts, the webhook body cap, aborted uploads", () =>
     Effect.gen(function*() {
       const SECRET = "serve-prop-secret"
       const kernel = stubKernel(SECRET)

@@ -42,7 +42,7 @@ const agent = Agent.make({ id: "prop-agent", handler: () => Effect.sync(() => vo
 const uuid = fc.uuid({ version: 7 })
 
 describe("property: bad webhooks to the agent", () => {
-  it.scoped("handleWebhook: 401 for any bad signature, 400 for a signed bad body, 200 otherwise", () =>
+  it.effect("handleWebhook: 401 for any bad signature, 400 for a signed bad body, 200 otherwise", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const rt = yield* Agent.runtime(agent).pipe(Effect.provide(kernel.layer))
@@ -83,7 +83,7 @@ describe("property: bad webhooks to the agent", () => {
       expect(handlerRuns).toBe(0)
     }), propertyTimeout)
 
-  it.scoped("toWebHandler: the same verdicts through Request → Response", () =>
+  it.effect("toWebHandler: the same verdicts through Request → Response", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const web = Agent.toWebHandler(agent, kernel.layer)

@@ -14,7 +14,6 @@
  * scheme signs only the body, so that one value authorises every GET and every
  * heartbeat of the agent for any execution. It must not be recorded either.
  */
-import { HttpClient, HttpClientResponse } from "@effect/platform"
 import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import {
@@ -24,17 +23,16 @@ import {
   Effect,
   Exit,
   Fiber,
-  HashMap,
   Layer,
-  List,
   Logger,
-  LogLevel,
-  Option,
   Redacted,
+  References,
+  Result,
   Schema,
-  TestClock,
   Tracer
 } from "effect"
+import { HttpClient, HttpClientResponse } from "effect/http"
+import { TestClock } from "effect/testing"
 import * as Net from "node:net"
 import * as Util from "node:util"
 import * as Agent from "../../src/Agent.js"
@@ -86,7 +84,7 @@ const renderings = (value: unknown): string => {
     parts.push(value.message, value.stack ?? "")
     if ("cause" in value) parts.push(renderings((value as { cause?: unknown }).cause))
   }
-  if (Cause.isCause(value)) parts.push(Cause.pretty(value, { renderErrorCause: true }))
+  if (Cause.isCause(value)) parts.push(Cause.pretty(value))
   return parts.join("\n")
 }
 
@@ -124,16 +122,16 @@ const makeCapture = () => {
   const spans: Array<SpanRecord> = []
   const logger = Logger.make<unknown, void>((options) => {
     logs.push({
-      level: options.logLevel.label,
+      level: options.logLevel,
       message: options.message,
       cause: options.cause,
-      annotations: [...HashMap.toEntries(options.annotations)],
-      spans: List.toArray(options.spans).map((s) => s.label)
+      annotations: Object.entries(options.fiber.getRef(References.CurrentLogAnnotations)),
+      spans: options.fiber.getRef(References.CurrentLogSpans).map(([label]) => label)
     })
   })
   let ids = 0
   const tracer = Tracer.make({
-    span: (name, parent, context, links, startTime, kind) => {
+    span: ({ annotations, kind, links, name, parent, startTime }) => {
       const record: SpanRecord = { name, attributes: new Map(), events: [], exit: undefined }
       spans.push(record)
       const spanId = String(++ids)
@@ -143,7 +141,7 @@ const makeCapture = () => {
         spanId,
         traceId: "trace",
         parent,
-        context,
+        annotations,
         get status(): Tracer.SpanStatus {
           return record.exit === undefined
             ? { _tag: "Started", startTime }
@@ -165,13 +163,12 @@ const makeCapture = () => {
         addLinks: () => {}
       }
       return span
-    },
-    context: (f) => f()
+    }
   })
   const layer = Layer.mergeAll(
-    Logger.replace(Logger.defaultLogger, logger),
-    Logger.minimumLogLevel(LogLevel.All),
-    Layer.setTracer(tracer)
+    Logger.layer([logger]),
+    Layer.succeed(References.MinimumLogLevel, "All"),
+    Layer.succeed(Tracer.Tracer, tracer)
   )
   const assertClean = (secrets: ReadonlyArray<string>) => {
     for (const log of logs) {
@@ -186,7 +183,7 @@ const makeCapture = () => {
       for (const event of span.events) expectNoSecret(`span ${span.name} event ${event.name}`, event.name + renderings(event.attributes), secrets)
       if (span.exit !== undefined && Exit.isFailure(span.exit)) {
         // What an exporter records of a failed span: the pretty cause (messages and stacks).
-        expectNoSecret(`span ${span.name} exit`, Cause.pretty(span.exit.cause, { renderErrorCause: true }), secrets)
+        expectNoSecret(`span ${span.name} exit`, Cause.pretty(span.exit.cause), secrets)
       }
     }
   }
@@ -216,8 +213,8 @@ const researcher = Agent.make({
     Effect.gen(function*() {
       const { hit } = yield* lookup({ q })
       yield* Effect.logDebug("looked up", hit)
-      const failed = yield* Effect.either(broken({ q }))
-      return { hit, failed: failed._tag === "Left" }
+      const failed = yield* Effect.result(broken({ q }))
+      return { hit, failed: Result.isFailure(failed) }
     })
 })
 
@@ -227,8 +224,8 @@ const failing = Agent.make({
 })
 
 /** The empty-body `sha256=` signature: it authorises GETs and heartbeats. */
-const emptyBodySignature = Effect.runSync(Effect.either(Signature.sign(SECRET, ""))).pipe((e) =>
-  e._tag === "Right" ? e.right : ""
+const emptyBodySignature = Effect.runSync(Effect.result(Signature.sign(SECRET, ""))).pipe((e) =>
+  Result.isSuccess(e) ? e.success : ""
 )
 
 describe("secrets never leak", () => {
@@ -258,7 +255,7 @@ describe("secrets never leak", () => {
     )
   })
 
-  it.scoped("against failing kernels: errors, logs and spans stay clean", () => {
+  it.effect("against failing kernels: errors, logs and spans stay clean", () => {
     const capture = makeCapture()
     return Effect.gen(function*() {
       const executionId = "0192f1a0-0000-7000-8000-000000000001"
@@ -306,10 +303,9 @@ describe("secrets never leak", () => {
       const collect = <A, E>(effect: Effect.Effect<A, E>) =>
         Effect.gen(function*() {
           // Retries back off on the clock: move it until the call settles.
-          const fiber = yield* Effect.fork(Effect.exit(effect))
+          const fiber = yield* Effect.forkChild(Effect.exit(effect))
           for (let i = 0; i < 50; i++) {
-            const polled = yield* Fiber.poll(fiber)
-            if (Option.isSome(polled)) break
+            if (fiber.pollUnsafe() !== undefined) break
             yield* TestClock.adjust("500 millis")
             yield* Effect.promise(() => new Promise((r) => setTimeout(r, 2)))
           }
@@ -400,15 +396,15 @@ describe("secrets never leak", () => {
       ]
       const httpLayer = Layer.succeed(HttpClient.HttpClient, HttpClient.make(() => Effect.die("never called")))
       for (const [name, env] of cases) {
-        const provider = ConfigProvider.fromMap(new Map(env))
+        const provider = ConfigProvider.fromUnknown(Object.fromEntries(env), { preserveEmptyStrings: true })
         const kernelError = yield* Layer.build(KernelClient.layerConfig().pipe(Layer.provide(httpLayer))).pipe(
           Effect.scoped,
-          Effect.withConfigProvider(provider),
+          Effect.provideService(ConfigProvider.ConfigProvider, provider),
           Effect.flip
         )
         const clientError = yield* Layer.build(Client.layerConfig().pipe(Layer.provide(httpLayer))).pipe(
           Effect.scoped,
-          Effect.withConfigProvider(provider),
+          Effect.provideService(ConfigProvider.ConfigProvider, provider),
           Effect.flip
         )
         // The URL may be echoed (it is not a secret), but the secret that sits
@@ -417,6 +413,25 @@ describe("secrets never leak", () => {
         expectNoSecret(`KernelClient ${name}`, renderings(kernelError) + renderings(Cause.fail(kernelError)), secrets)
         expectNoSecret(`Client ${name}`, renderings(clientError) + renderings(Cause.fail(clientError)), secrets)
       }
+      // A valid environment: both layers build, reading the plain environment
+      // strings into Redacted values (a secret read as a string must still end
+      // up Redacted, not be refused with an error that shows it).
+      const valid = ConfigProvider.fromUnknown(
+        { REBUNO_URL: "http://kernel", REBUNO_AGENT_SECRET: SECRET, REBUNO_API_KEY: API_KEY },
+        { preserveEmptyStrings: true }
+      )
+      const fromEnv = yield* Layer.build(KernelClient.layerConfig().pipe(Layer.provide(httpLayer))).pipe(
+        Effect.map((context) => Context.get(context, KernelClient.KernelClient)),
+        Effect.provideService(ConfigProvider.ConfigProvider, valid)
+      )
+      expect(Redacted.isRedacted(fromEnv.secret)).toBe(true)
+      expect(Redacted.value(fromEnv.secret)).toBe(SECRET)
+      expectNoSecret("KernelClient service from the environment", renderings(fromEnv), [SECRET])
+      const clientFromEnv = yield* Layer.build(Client.layerConfig().pipe(Layer.provide(httpLayer))).pipe(
+        Effect.map((context) => Context.get(context, Client.Client)),
+        Effect.provideService(ConfigProvider.ConfigProvider, valid)
+      )
+      expectNoSecret("Client service from the environment", renderings(clientFromEnv), [API_KEY])
       // Options: a plain string secret is wrapped in Redacted; make() errors do not show it.
       const optionError = yield* KernelClient.make({ baseUrl: "mailto:x", secret: SECRET }).pipe(
         Effect.provideService(HttpClient.HttpClient, HttpClient.make(() => Effect.die("never"))),

@@ -13,7 +13,8 @@
  * - a `v1=` signature binds method, target, timestamp and lease headers.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Redacted, TestClock } from "effect"
+import { Effect, Redacted } from "effect"
+import { TestClock } from "effect/testing"
 import * as fc from "fast-check"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
@@ -173,7 +174,7 @@ describe("the kernel's credential checks compare whole values", () => {
 describe("v1= freshness window of the embedded kernel (17.B)", () => {
   const NOW = 1_700_000_000
 
-  const v1Request = (k: Effect.Effect.Success<ReturnType<typeof kernel>>, timestamp: string, extra: Record<string, string | ReadonlyArray<string>> = {}) =>
+  const v1Request = (k: Effect.Success<ReturnType<typeof kernel>>, timestamp: string, extra: Record<string, string | ReadonlyArray<string>> = {}) =>
     Effect.gen(function*() {
       const target = `/v0/executions/${k.id}/heartbeat`
       const signature = yield* Signature.signV1(SECRET, {

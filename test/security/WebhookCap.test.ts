@@ -7,9 +7,9 @@
  * `Agent.toHttpApp` here, and for `Agent.serve` over a socket in
  * test/properties/Socket.test.ts.
  */
-import { HttpServerRequest } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { HttpServerRequest } from "effect/http"
 import * as Agent from "../../src/Agent.js"
 import * as Signature from "../../src/Signature.js"
 import { membersText, stubKernel, webhookMembers } from "../support/arbitraries.js"
@@ -63,7 +63,7 @@ describe("webhook body cap", () => {
     expect(CAP).toBe(1024 * 1024)
   })
 
-  it.scoped("toWebHandler: 413 over the cap (declared or streamed), judged as usual at the cap", () =>
+  it.effect("toWebHandler: 413 over the cap (declared or streamed), judged as usual at the cap", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const web = Agent.toWebHandler(agent, kernel.layer)
@@ -91,7 +91,7 @@ describe("webhook body cap", () => {
       expect(yield* reads(kernel.calls, 1)).toBe(1)
     }))
 
-  it.scoped("toHttpApp: 413 over the cap (declared or streamed)", () =>
+  it.effect("toHttpApp: 413 over the cap (declared or streamed)", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const app = yield* Agent.toHttpApp(agent).pipe(Effect.provide(kernel.layer))

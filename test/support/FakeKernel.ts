@@ -8,7 +8,7 @@ import { Clock, Effect, Layer, Redacted } from "effect"
 import type { Caller, Lease, StepSubmission } from "../../src/KernelClient.js"
 import { KernelClient } from "../../src/KernelClient.js"
 import * as Protocol from "../../src/Protocol.js"
-import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../../src/RebunoError.js"
+import { KernelError, LeaseSuperseded, PolicyError, StatusError, Terminated, TransportError } from "../../src/RebunoError.js"
 
 export type Op =
   | "getExecution"
@@ -57,7 +57,10 @@ export interface ExecutionRecord {
 
 export const SECRET = "test-secret"
 
-const transport = (what: string) => new KernelError({ reason: "Transport", description: `${what}: connection reset` })
+const transport = (what: string) =>
+  new KernelError({ reason: new TransportError({ description: `${what}: connection reset` }) })
+
+const notFound = () => new KernelError({ reason: new StatusError({ status: 404, code: "not_found", description: "not found" }) })
 
 export class FakeKernel {
   readonly calls: Array<Call> = []
@@ -102,7 +105,7 @@ export class FakeKernel {
   }
 
   private failWith(caller: Caller, executionId: string, stepId: string, errorJson: string) {
-    return Effect.gen(this, function*() {
+    return Effect.gen({ self: this }, function*() {
       yield* this.record({ op: "failStep", executionId, lease: caller.lease, stepId, json: errorJson })
       if (this.onFail !== undefined) return yield* this.onFail(stepId)
       return yield* this.settle(executionId, stepId, caller.lease, (step) => {
@@ -116,14 +119,12 @@ export class FakeKernel {
   readonly service: KernelClient.Service = {
     secret: Redacted.make(SECRET),
     getExecution: (_caller, executionId) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "getExecution", executionId, lease: undefined })
         if (this.getExecutionError !== undefined) return yield* Effect.fail(this.getExecutionError)
         const e = this.executions.get(executionId)
-        if (e === undefined) {
-          return yield* new KernelError({ reason: "Status", status: 404, code: "not_found", description: "not found" })
-        }
-        return new Protocol.Execution({
+        if (e === undefined) return yield* notFound()
+        const execution: Protocol.Execution = {
           id: executionId,
           agentId: "agent",
           agentVersion: "",
@@ -133,10 +134,11 @@ export class FakeKernel {
           createdAt: "",
           updatedAt: "",
           deadlineAt: ""
-        })
+        }
+        return execution
       }),
     submitStep: (caller: Caller, executionId, submission) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "submitStep", executionId, lease: caller.lease, submission })
         const scripted = this.script.shift()
         if (scripted !== undefined) {
@@ -189,7 +191,7 @@ export class FakeKernel {
         return { decision: "proceed", stepId }
       }),
     completeStep: (caller, executionId, stepId, resultJson) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "completeStep", executionId, lease: caller.lease, stepId, json: resultJson })
         if (this.onComplete !== undefined) return yield* this.onComplete(stepId)
         return yield* this.settle(executionId, stepId, caller.lease, (step) => {
@@ -204,7 +206,7 @@ export class FakeKernel {
     publishDelta: (caller, executionId, stepId, _seq, data) =>
       this.record({ op: "publishDelta", executionId, lease: caller.lease, stepId, json: data }),
     heartbeat: (caller, executionId) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "heartbeat", executionId, lease: caller.lease })
         if (this.onHeartbeat !== undefined) {
           return yield* this.onHeartbeat(this.ops("heartbeat").length)
@@ -212,7 +214,7 @@ export class FakeKernel {
         if (this.isFenced(caller.lease) || this.terminal(executionId)) return yield* new LeaseSuperseded()
       }),
     completeExecution: (caller, executionId, outputJson) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "completeExecution", executionId, lease: caller.lease, json: outputJson })
         if (this.terminal(executionId)) return
         if (this.isFenced(caller.lease)) return yield* new LeaseSuperseded()
@@ -223,7 +225,7 @@ export class FakeKernel {
         }
       }),
     failExecution: (caller, executionId, reason) =>
-      Effect.gen(this, function*() {
+      Effect.gen({ self: this }, function*() {
         yield* this.record({ op: "failExecution", executionId, lease: caller.lease, reason })
         if (this.terminal(executionId)) return
         if (this.isFenced(caller.lease)) return yield* new LeaseSuperseded()
@@ -244,7 +246,7 @@ export class FakeKernel {
     if (this.terminal(executionId)) return Effect.succeed({ decision: "execution_terminal" })
     const step = [...this.steps.values()].find((s) => s.stepId === stepId)
     if (step === undefined) {
-      return Effect.fail(new KernelError({ reason: "Status", status: 404, code: "not_found", description: "not found" }))
+      return Effect.fail(notFound())
     }
     if (step.status !== "executing") return Effect.succeed({ decision: "replay" })
     if (this.isFenced(lease)) return Effect.fail(new LeaseSuperseded())

@@ -11,15 +11,14 @@
  * signature corruptions.
  */
 import { expect } from "@effect/vitest"
-import { Effect, Exit, Fiber, Layer, Option, Redacted, Runtime } from "effect"
+import { type Context, Effect, Exit, Fiber, Layer, Redacted, Result } from "effect"
 import * as fc from "fast-check"
-import * as Json from "../../src/internal/json.js"
-import * as Uuid from "../../src/internal/uuid.js"
+import * as Json from "../../src/internal/wire/json.js"
+import * as Uuid from "../../src/internal/wire/uuid.js"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
-import type { KernelClient as KernelClientNs } from "../../src/KernelClient.js"
 import { KernelClient } from "../../src/KernelClient.js"
-import { KernelError } from "../../src/RebunoError.js"
+import { KernelError, StatusError } from "../../src/RebunoError.js"
 import * as Signature from "../../src/Signature.js"
 
 // ---------------------------------------------------------------------------
@@ -77,8 +76,8 @@ export const checkProperty = <T, E, R>(
   options: { readonly numRuns: number }
 ): Effect.Effect<PropertyReport, never, R> =>
   Effect.gen(function*() {
-    const runtime = yield* Effect.runtime<R>()
-    const run = Runtime.runPromise(runtime)
+    const context = yield* Effect.context<R>()
+    const run = Effect.runPromiseWith(context)
     let requests = 0
     const started = performance.now()
     const details = yield* Effect.promise(() =>
@@ -121,14 +120,14 @@ export const completes = <A, E, R>(
   budgetMillis = 10_000
 ): Effect.Effect<Exit.Exit<A, E>, Error, R> =>
   Effect.gen(function*() {
-    const fiber = yield* Effect.fork(effect)
+    const fiber = yield* Effect.forkChild(effect)
     const deadline = performance.now() + budgetMillis
     let round = 0
     while (performance.now() < deadline) {
-      const polled = yield* Fiber.poll(fiber)
-      if (Option.isSome(polled)) return polled.value
+      const polled = fiber.pollUnsafe()
+      if (polled !== undefined) return polled
       round++
-      if (round < 16) yield* Effect.yieldNow()
+      if (round < 16) yield* Effect.yieldNow
       else yield* Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, round < 64 ? 0 : 1)))
     }
     yield* Fiber.interrupt(fiber)
@@ -1198,8 +1197,8 @@ export const build = (world: World, plan: RequestPlan) =>
           add("rebuno-agent-id", "nobody")
           break
       }
-      const record = yield* Effect.either(world.core.getAgent(KERNEL_AGENT))
-      const secret = record._tag === "Right" ? record.right.secret : world.secret
+      const record = yield* Effect.result(world.core.getAgent(KERNEL_AGENT))
+      const secret = Result.isSuccess(record) ? record.success.secret : world.secret
       const signedBytes = plan.signature === "stale"
         ? encoder.encode(members.length === 0 ? "" : membersText(members))
         : body._tag === "Bytes"
@@ -1611,13 +1610,15 @@ export const stubKernel = (secret: string) => {
   const unexpected = (op: string) =>
     Effect.sync(() => {
       calls.push(op)
-    }).pipe(Effect.zipRight(Effect.die(new Error(`unexpected kernel call ${op}`))))
-  const service: KernelClientNs.Service = {
+    }).pipe(Effect.andThen(Effect.die(new Error(`unexpected kernel call ${op}`))))
+  const service: Context.Service.Shape<typeof KernelClient> = {
     secret: Redacted.make(secret),
     getExecution: (_caller, executionId) =>
       Effect.sync(() => calls.push("getExecution " + executionId)).pipe(
-        Effect.zipRight(
-          Effect.fail(new KernelError({ reason: "Status", status: 404, code: "not_found", description: "not found" }))
+        Effect.andThen(
+          Effect.fail(
+            new KernelError({ reason: new StatusError({ status: 404, code: "not_found", description: "not found" }) })
+          )
         )
       ),
     submitStep: () => unexpected("submitStep"),

@@ -3,8 +3,8 @@
  * headers without trace headers, body) and answers from a script — a
  * `Response`, a transport failure, or never.
  */
-import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
 import { Effect, Layer } from "effect"
+import { HttpClient, HttpClientError, HttpClientResponse } from "effect/http"
 
 export interface Recorded {
   readonly method: string
@@ -38,7 +38,9 @@ export const makeDouble = (script: (request: Recorded, index: number) => Answer)
       if (answer === "never") return Effect.never
       if (answer === "transport") {
         return Effect.fail(
-          new HttpClientError.RequestError({ request, reason: "Transport", cause: new Error("connect ECONNREFUSED") })
+          new HttpClientError.HttpClientError({
+            reason: new HttpClientError.TransportError({ request, cause: new Error("connect ECONNREFUSED") })
+          })
         )
       }
       return Effect.succeed(HttpClientResponse.fromWeb(request, answer))

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Schema } from "effect"
+import { Clock, Effect, Schema } from "effect"
 import { Agent, Client, Step, Tool } from "effect-rebuno"
 import type { ToolError } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
@@ -245,6 +245,26 @@ describe("TestKernel", () => {
       expect(run.steps.filter((s) => s.kind === "local").map((s) => s.target).sort()).toEqual(["noop", "now", "random"])
     }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
   })
+
+  it.effect("settling moves virtual time straight to a run's next sleep, off the 2 s tick grid", () => {
+    const agent = Agent.make({
+      id: "sleeper",
+      handler: () =>
+        Effect.gen(function*() {
+          const before = yield* Clock.currentTimeMillis
+          yield* Effect.sleep("7 seconds")
+          return (yield* Clock.currentTimeMillis) - before
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const start = yield* Clock.currentTimeMillis
+      const run = yield* kernel.run(agent)
+      expect(run.status).toBe("completed")
+      expect(run.output).toBe(7000)
+      expect((yield* Clock.currentTimeMillis) - start).toBe(7000)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+  })
 })
 
 /**
@@ -273,7 +293,7 @@ describe("direct and HTTP transports", () => {
     const outcome = <A, E extends { readonly _tag: string }, R>(effect: Effect.Effect<A, E, R>) =>
       effect.pipe(
         Effect.map((a) => `ok ${JSON.stringify(a)}`),
-        Effect.catchAll((e) => Effect.succeed(`${e._tag}`))
+        Effect.catch((e) => Effect.succeed(`${e._tag}`))
       )
     const mixed = Agent.make({
       id: "mixed",

@@ -10,7 +10,7 @@
  * @since 0.1.0
  * @internal
  */
-import type { EventRecord } from "../Core.js"
+import type { EventRecord } from "./model.js"
 import { flat } from "./flat.js"
 import * as Payload from "./payloads.js"
 

@@ -9,7 +9,7 @@
  * @since 0.1.0
  * @internal
  */
-import { quoteString } from "../../internal/json.js"
+import { quoteString } from "../../internal/wire/json.js"
 
 const id = (s: string): string => "\"" + s + "\""
 

@@ -10,14 +10,14 @@
  * @since 0.1.0
  * @internal
  */
-import { Clock, Effect, Either, Exit, Redacted, Schema } from "effect"
+import { Cause, Clock, Effect, Exit, Option, Redacted, Result, Schema } from "effect"
 import * as Core from "../../kernel/Core.js"
 import * as Wire from "../../kernel/Wire.js"
 import type { Caller, KernelClient, Lease, StepSubmission } from "../../KernelClient.js"
 import * as Protocol from "../../Protocol.js"
-import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../../RebunoError.js"
-import * as Http from "../../internal/http.js"
-import * as InProcess from "../../internal/inProcess.js"
+import { isKernelError, KernelError, LeaseSuperseded, PolicyError, StatusError, Terminated } from "../../RebunoError.js"
+import * as Http from "../../internal/http/exchange.js"
+import * as InProcess from "../../internal/run/inProcess.js"
 
 /**
  * The intercepted agent → kernel calls.
@@ -95,8 +95,8 @@ export interface Interceptor {
  */
 export const answerOf = (exit: Exit.Exit<unknown, Core.KernelFailure>): CallAnswer => {
   if (Exit.isFailure(exit)) {
-    const failure = exit.cause._tag === "Fail" ? exit.cause.error : undefined
-    return { answer: failure === undefined ? "interrupted" : failure.code, stepId: undefined }
+    const failure = Cause.findErrorOption(exit.cause)
+    return { answer: Option.isNone(failure) ? "interrupted" : failure.value.code, stepId: undefined }
   }
   return answerOfValue(exit.value)
 }
@@ -113,7 +113,7 @@ const answerOfValue = (value: unknown): CallAnswer => {
 const KernelFailureClass = Core.KernelFailure
 
 const statusError = (f: Core.KernelFailure): KernelError =>
-  new KernelError({ reason: "Status", status: f.status, code: f.code, description: f.message })
+  new KernelError({ reason: new StatusError({ status: f.status, code: f.code, description: f.message }) })
 
 const signalOr = (f: Core.KernelFailure): LeaseSuperseded | Terminated | KernelError =>
   f.code === "lease_superseded"
@@ -130,7 +130,7 @@ const leaseOr = (f: Core.KernelFailure): LeaseSuperseded | KernelError =>
 
 /** Map kernel failures; injected transport errors pass through. */
 const mapFailure = <E>(f: (failure: Core.KernelFailure) => E) => (e: Core.KernelFailure | KernelError): E | KernelError =>
-  e instanceof KernelError ? e : f(e)
+  isKernelError(e) ? e : f(e)
 
 const parseRaw = (raw: string): unknown => JSON.parse(raw)
 
@@ -162,7 +162,7 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
  * @since 0.1.0
  * @internal
  */
-export const fromWire = <A, I>(schema: Schema.Schema<A, I>, text: string): A =>
+export const fromWire = <A, I>(schema: Schema.Codec<A, I>, text: string): A =>
   Schema.decodeUnknownSync(schema)(JSON.parse(text))
 
 const toCore = (s: StepSubmission) => ({
@@ -194,7 +194,7 @@ export const make = (
     Effect.flatMap(Effect.exit(effect), (exit) => {
       const answer = answerOf(exit)
       const after = interceptor.after(id, answer.answer, answer.stepId)
-      return after === undefined ? exit : Effect.zipRight(after, exit)
+      return after === undefined ? exit : Effect.andThen(after, exit)
     })
 
   /** A call with its hooks, on Effects all the way (the slow path, and every call but the step calls). */
@@ -209,7 +209,7 @@ export const make = (
 
   /**
    * A step call at time `now`: when nothing is injected, the hooks and the
-   * kernel run as plain code and the answer is an `Either`; otherwise it is the
+   * kernel run as plain code and the answer is a `Result`; otherwise it is the
    * Effect of the slow path. `raw` is the outcome's JSON (complete / fail).
    */
   const stepCallAt = <E>(
@@ -225,15 +225,15 @@ export const make = (
         ? core.unsafeSubmitStep(now, info.executionId, info.lease!, toCore(info.submission!))
         : core.unsafeSettleStep(now, info.executionId, info.stepId!, info.lease!, op, raw)
       let after: void | Effect.Effect<void, KernelError>
-      let answer: Either.Either<Protocol.StepDecision, E>
+      let answer: Result.Result<Protocol.StepDecision, E>
       if (result instanceof KernelFailureClass) {
         after = interceptor.after(before, result.code, undefined)
-        answer = Either.left(onFailure(result))
+        answer = Result.fail(onFailure(result))
       } else {
         after = interceptor.after(before, result.decision, result.stepId)
-        answer = Either.right(toDecision(result))
+        answer = Result.succeed(toDecision(result))
       }
-      return after === undefined ? answer : interceptor.track(Effect.zipRight(after, answer))
+      return after === undefined ? answer : interceptor.track(Effect.andThen(after, Effect.fromResult(answer)))
     }
     const effect = op === "submit"
       ? core.submitStep(info.executionId, info.lease!, toCore(info.submission!))
@@ -252,7 +252,10 @@ export const make = (
     raw: string | undefined,
     onFailure: (failure: Core.KernelFailure) => E
   ): Effect.Effect<Protocol.StepDecision, E | KernelError> =>
-    Effect.clockWith((clock) => stepCallAt(clock.unsafeCurrentTimeMillis(), info, op, raw, onFailure))
+    Effect.clockWith((clock) => {
+      const answer = stepCallAt(clock.currentTimeMillisUnsafe(), info, op, raw, onFailure)
+      return Result.isResult(answer) ? Effect.fromResult(answer) : answer
+    })
 
   /** One try of a step complete. */
   const completeCall = (caller: Caller, executionId: string, stepId: string, resultJson: string) =>
@@ -268,7 +271,9 @@ export const make = (
     completeStep: (now, caller, executionId, stepId, resultJson) => {
       const answer = stepCallAt(now, info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr)
       // Retries are whole calls again, as `completeStep`'s are.
-      return Either.isEither(answer) ? answer : Http.retryTransport(answer, completeCall(caller, executionId, stepId, resultJson))
+      return Result.isResult(answer) ?
+        answer :
+        Http.retryTransport(answer, completeCall(caller, executionId, stepId, resultJson))
     }
   }
 
@@ -289,7 +294,7 @@ export const make = (
     effect: Effect.Effect<void, Core.KernelFailure>
   ): Effect.Effect<void, KernelError | LeaseSuperseded> =>
     around(info, effect).pipe(
-      Effect.catchIf((f) => !(f instanceof KernelError) && f.code === "execution_terminal", () => Effect.void),
+      Effect.catchIf((f) => !isKernelError(f) && f.code === "execution_terminal", () => Effect.void),
       Effect.mapError(mapFailure(leaseOr)),
       Http.retryTransport
     )

@@ -10,9 +10,9 @@
  * @since 0.1.0
  * @internal
  */
-import { HttpClient, HttpClientError, HttpClientResponse } from "@effect/platform"
-import type { HttpClientRequest } from "@effect/platform"
 import { Clock, Effect, Stream } from "effect"
+import { HttpClient, HttpClientError, HttpClientResponse } from "effect/http"
+import type { HttpClientRequest } from "effect/http"
 import type * as Routes from "../../kernel/Routes.js"
 import type { StepSubmission } from "../../KernelClient.js"
 import type { KernelError } from "../../RebunoError.js"
@@ -20,9 +20,12 @@ import type { CallAnswer, CallInfo, CallName, Interceptor } from "./directClient
 
 const emptyBody = new Uint8Array(0)
 
+const encodeError = (request: HttpClientRequest.HttpClientRequest, description: string) =>
+  new HttpClientError.HttpClientError({ reason: new HttpClientError.EncodeError({ request, description }) })
+
 const requestBody = (
   request: HttpClientRequest.HttpClientRequest
-): Effect.Effect<Uint8Array, HttpClientError.RequestError> => {
+): Effect.Effect<Uint8Array, HttpClientError.HttpClientError> => {
   const body = request.body
   switch (body._tag) {
     case "Empty":
@@ -34,22 +37,20 @@ const requestBody = (
         ? Effect.succeed(new TextEncoder().encode(body.body))
         : body.body instanceof Uint8Array
         ? Effect.succeed(body.body)
-        : Effect.fail(
-          new HttpClientError.RequestError({ request, reason: "Encode", description: "unsupported raw body" })
-        )
+        : Effect.fail(encodeError(request, "unsupported raw body"))
     case "Stream":
-      return Stream.runFold(body.stream, emptyBody, (acc, chunk) => {
+      return Stream.runFold(body.stream, () => emptyBody, (acc, chunk) => {
         const next = new Uint8Array(acc.length + chunk.length)
         next.set(acc)
         next.set(chunk, acc.length)
         return next
       }).pipe(
-        Effect.mapError((cause) => new HttpClientError.RequestError({ request, reason: "Encode", cause }))
+        Effect.mapError((cause) =>
+          new HttpClientError.HttpClientError({ reason: new HttpClientError.EncodeError({ request, cause }) })
+        )
       )
     case "FormData":
-      return Effect.fail(
-        new HttpClientError.RequestError({ request, reason: "Encode", description: "form data is not supported" })
-      )
+      return Effect.fail(encodeError(request, "form data is not supported"))
   }
 }
 
@@ -155,7 +156,9 @@ export const make = (
         return value === undefined ? [] : [value]
       }
       const lost = (error: KernelError) =>
-        new HttpClientError.RequestError({ request, reason: "Transport", description: error.description })
+        new HttpClientError.HttpClientError({
+          reason: new HttpClientError.TransportError({ request, description: error.reason.description })
+        })
       const info = interceptor === undefined ?
         undefined :
         describe(request.method, url.pathname, (name) => request.headers[name], body)

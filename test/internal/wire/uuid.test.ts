@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { formatTimestamp } from "../../src/internal/time.js"
-import { parseUuid, uuidv7 } from "../../src/internal/uuid.js"
+import { formatTimestamp } from "../../../src/internal/wire/time.js"
+import { parseUuid, uuidv7 } from "../../../src/internal/wire/uuid.js"
 
 const CANONICAL = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/
 

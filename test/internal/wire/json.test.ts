@@ -1,10 +1,10 @@
 import { describe, expect, it } from "@effect/vitest"
 import * as fc from "fast-check"
 import { readFileSync } from "node:fs"
-import * as Json from "../../src/internal/json.js"
+import * as Json from "../../../src/internal/wire/json.js"
 
 const stepVectors = (JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/step-ids.json", import.meta.url), "utf8")
+  readFileSync(new URL("../../../../shared/fixtures/step-ids.json", import.meta.url), "utf8")
 ) as { readonly vectors: ReadonlyArray<{ readonly raw_args: string | null; readonly canonical: string }> }).vectors
 
 describe("canonicalize", () => {

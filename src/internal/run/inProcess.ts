@@ -3,7 +3,7 @@
  * that lives in the agent's process (the test kit's direct client) can answer
  * a submit or complete at once; the step path then spends no Effect on the
  * call. Such a client registers its calls with {@link register}; every call
- * answers either an `Either` (the answer, given now) or an `Effect` to run
+ * answers either a `Result` (the answer, given now) or an `Effect` to run
  * instead (the same call with something injected around it), and behaves
  * exactly like the client's own `submitStep` / `completeStep` at time `now`.
  *
@@ -13,20 +13,20 @@
  * @since 0.1.0
  * @internal
  */
-import { Clock, Context, DefaultServices } from "effect"
-import type { Effect, Either, Fiber } from "effect"
-import type { Caller, KernelClient, StepSubmission } from "../KernelClient.js"
-import type * as Protocol from "../Protocol.js"
-import type { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../RebunoError.js"
+import { Clock } from "effect"
+import type { Effect, Fiber, Result } from "effect"
+import type { Caller, KernelClient, StepSubmission } from "../../KernelClient.js"
+import type * as Protocol from "../../Protocol.js"
+import type { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../../RebunoError.js"
 
 /**
- * An answer given now (`Either`) or the Effect that gives it.
+ * An answer given now (`Result`) or the Effect that gives it.
  *
  * @since 0.1.0
  * @internal
  */
 export type Answer<E> =
-  | Either.Either<Protocol.StepDecision, E>
+  | Result.Result<Protocol.StepDecision, E>
   | Effect.Effect<Protocol.StepDecision, E>
 
 /**
@@ -77,5 +77,5 @@ export const stepsOf = (kernel: KernelClient.Service): InProcessSteps | undefine
  * @since 0.1.0
  * @internal
  */
-export const nowOf = (fiber: Fiber.RuntimeFiber<unknown, unknown>): number =>
-  Context.get(fiber.getFiberRef(DefaultServices.currentServices), Clock.Clock).unsafeCurrentTimeMillis()
+export const nowOf = (fiber: Fiber.Fiber<unknown, unknown>): number =>
+  fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()

@@ -8,9 +8,9 @@
  * @since 0.1.0
  * @internal
  */
-import type { HttpClient, HttpClientError, HttpClientRequest } from "@effect/platform"
-import { Clock, Duration, Effect, Either, Fiber, ParseResult, Schedule, Schema } from "effect"
-import { KernelError } from "../RebunoError.js"
+import { Clock, Duration, Effect, Fiber, Result, Schedule, Schema } from "effect"
+import type { HttpClient, HttpClientError, HttpClientRequest } from "effect/http"
+import { DecodeError, isKernelError, KernelError, StatusError, TransportError } from "../../RebunoError.js"
 
 /**
  * A normalised kernel base URL: `url` has its trailing `/` characters stripped
@@ -26,26 +26,26 @@ export interface BaseUrl {
 
 /**
  * Normalise a base URL (PROTOCOL.md 4.3, 14.1): trailing slashes stripped, an
- * optional path prefix kept. Returns a reason string when the URL is unusable.
+ * optional path prefix kept. Fails with a reason string when the URL is unusable.
  *
  * @internal
  */
-export const normalizeBaseUrl = (raw: string): Either.Either<BaseUrl, string> => {
+export const normalizeBaseUrl = (raw: string): Result.Result<BaseUrl, string> => {
   const trimmed = raw.trim().replace(/\/+$/, "")
-  if (trimmed === "") return Either.left("must not be empty")
+  if (trimmed === "") return Result.fail("must not be empty")
   let parsed: URL
   try {
     parsed = new URL(trimmed)
   } catch {
-    return Either.left("is not a valid URL")
+    return Result.fail("is not a valid URL")
   }
   if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
-    return Either.left("must be an http or https URL")
+    return Result.fail("must be an http or https URL")
   }
   if (parsed.search !== "" || parsed.hash !== "") {
-    return Either.left("must not contain a query or fragment")
+    return Result.fail("must not contain a query or fragment")
   }
-  return Either.right({ url: trimmed, pathname: parsed.pathname.replace(/\/+$/, "") })
+  return Result.succeed({ url: trimmed, pathname: parsed.pathname.replace(/\/+$/, "") })
 }
 
 /**
@@ -58,12 +58,25 @@ export interface Reply {
   readonly text: string
 }
 
+/** What failed, in the words of the Effect 3 reasons (`request failed`, `request encode error`, …). */
+const describeReason = (reason: HttpClientError.HttpClientErrorReason): string => {
+  switch (reason._tag) {
+    case "TransportError":
+      return "request failed"
+    case "EncodeError":
+      return "request encode error"
+    case "InvalidUrlError":
+      return "request invalidurl error"
+    default:
+      return "reading the response failed"
+  }
+}
+
 const describeTransport = (error: HttpClientError.HttpClientError): string => {
-  const cause = error.cause
-  const detail = cause instanceof Error ? cause.message : error.description
-  const what = error._tag === "RequestError"
-    ? (error.reason === "Transport" ? "request failed" : `request ${error.reason.toLowerCase()} error`)
-    : "reading the response failed"
+  const reason = error.reason
+  const cause = reason.cause
+  const detail = cause instanceof Error ? cause.message : reason.description
+  const what = describeReason(reason)
   return detail === undefined || detail === "" ? what : `${what}: ${detail}`
 }
 
@@ -74,7 +87,9 @@ const describeTransport = (error: HttpClientError.HttpClientError): string => {
  * @internal
  */
 export const transportError = (error: HttpClientError.HttpClientError): KernelError =>
-  new KernelError({ reason: "Transport", description: describeTransport(error), cause: error.cause })
+  new KernelError({
+    reason: new TransportError({ description: describeTransport(error), cause: error.reason.cause })
+  })
 
 /**
  * The error of a request that ran out of time.
@@ -82,7 +97,7 @@ export const transportError = (error: HttpClientError.HttpClientError): KernelEr
  * @internal
  */
 export const timeoutError = (timeout: Duration.Duration): KernelError =>
-  new KernelError({ reason: "Transport", description: `request timed out after ${Duration.format(timeout)}` })
+  new KernelError({ reason: new TransportError({ description: `request timed out after ${Duration.format(timeout)}` }) })
 
 /**
  * Send one request and read its body, within `timeout`. Any answer is a
@@ -103,8 +118,11 @@ export const send = (
     timeout
   )
 
-/** The constructor of Effect's live `Clock` (the default service). */
-const liveClockConstructor: unknown = Effect.runSync(Clock.clockWith((clock) => Effect.succeed(clock.constructor)))
+/**
+ * The class of Effect's live `Clock`: the default value of the `Clock`
+ * reference, which every fiber uses unless a clock (a `TestClock`) is provided.
+ */
+const liveClockConstructor: unknown = Clock.Clock.defaultValue().constructor
 
 /** The longest delay `setTimeout` honours. */
 const MAX_TIMER_MILLIS = 2_147_483_647
@@ -113,7 +131,7 @@ const MAX_TIMER_MILLIS = 2_147_483_647
  * Apply a request timeout on Effect's clock. On the live clock (and a delay
  * `setTimeout` honours) `onTimer` gets the delay in milliseconds and applies it
  * with a plain timer; under any other clock (`TestClock`) it is
- * `Effect.timeoutFail`, so virtual time drives it.
+ * `Effect.timeoutOrElse`, so virtual time drives it.
  *
  * @internal
  */
@@ -126,41 +144,43 @@ export const timeoutOnClock = <A>(
     const millis = Duration.toMillis(timeout)
     return clock.constructor === liveClockConstructor && millis >= 0 && millis <= MAX_TIMER_MILLIS
       ? onTimer(millis)
-      : Effect.timeoutFail(self, { duration: timeout, onTimeout: () => timeoutError(timeout) })
+      : Effect.timeoutOrElse(self, { duration: timeout, orElse: () => Effect.fail(timeoutError(timeout)) })
   })
 
 /**
  * Fail with the timeout error unless `self` finishes within `timeout`.
  *
- * `Effect.timeoutFail` races two forked fibers and merges the winner's fiber
- * refs back, which costs more than the rest of a keep-alive round trip to a
- * local kernel. On Effect's live clock this does the same with one forked fiber
- * and a plain timer (see {@link timeoutOnClock}).
+ * `Effect.timeoutOrElse` races `self` against a sleep on the clock, which costs
+ * a noticeable part of a keep-alive round trip to a local kernel. On Effect's
+ * live clock this does the same with one detached fiber, its observer and a
+ * plain timer (see {@link timeoutOnClock}). On timeout the fiber is interrupted
+ * at once (which aborts the request) and the timeout error follows once it has
+ * ended.
  */
 const withTimeout = <A>(self: Effect.Effect<A, KernelError>, timeout: Duration.Duration): Effect.Effect<A, KernelError> =>
   timeoutOnClock(timeout, self, (millis) =>
     Effect.uninterruptibleMask((restore) =>
-      Effect.flatMap(Effect.forkDaemon(restore(self)), (fiber) =>
+      Effect.flatMap(Effect.forkDetach(restore(self)), (fiber) =>
         Effect.onInterrupt(
-          restore(Effect.async<A, KernelError>((resume) => {
+          restore(Effect.callback<A, KernelError>((resume) => {
             let settled = false
-            const observer = (exit: Effect.Effect<A, KernelError>) => {
+            const timer = setTimeout(() => {
+              if (settled) return
+              settled = true
+              removeObserver()
+              fiber.interruptUnsafe()
+              resume(Effect.andThen(Fiber.await(fiber), Effect.fail(timeoutError(timeout))))
+            }, millis)
+            const removeObserver = fiber.addObserver((exit) => {
               if (settled) return
               settled = true
               clearTimeout(timer)
               resume(exit)
-            }
-            const timer = setTimeout(() => {
-              if (settled) return
-              settled = true
-              fiber.removeObserver(observer)
-              resume(Effect.zipRight(Fiber.interrupt(fiber), Effect.fail(timeoutError(timeout))))
-            }, millis)
-            fiber.addObserver(observer)
+            })
             return Effect.sync(() => {
               settled = true
               clearTimeout(timer)
-              fiber.removeObserver(observer)
+              removeObserver()
             })
           })),
           () => Fiber.interrupt(fiber)
@@ -186,8 +206,8 @@ const MAX_ERROR_TEXT = 4096
 /** @internal */
 export const apiFailure = (reply: Reply): ApiFailure => {
   const parsed = parseJson(reply.text)
-  if (Either.isRight(parsed)) {
-    const body = parsed.right
+  if (Result.isSuccess(parsed)) {
+    const body = parsed.success
     if (typeof body === "object" && body !== null && !Array.isArray(body)) {
       const o = body as Record<string, unknown>
       const code = o["code"]
@@ -213,17 +233,14 @@ export const apiFailure = (reply: Reply): ApiFailure => {
 }
 
 /**
- * The `KernelError` of an error answer: reason `Status`, with the HTTP status
+ * The `KernelError` of an error answer: a `StatusError` with the HTTP status
  * and the kernel's code.
  *
  * @internal
  */
 export const statusError = (failure: ApiFailure): KernelError =>
   new KernelError({
-    reason: "Status",
-    status: failure.status,
-    code: failure.code,
-    description: failure.message
+    reason: new StatusError({ status: failure.status, code: failure.code, description: failure.message })
   })
 
 /**
@@ -234,8 +251,8 @@ export const statusError = (failure: ApiFailure): KernelError =>
  * @internal
  */
 export const isTransportFailure = (error: unknown): boolean =>
-  error instanceof KernelError &&
-  (error.reason === "Transport" || (error.reason === "Status" && error.status !== undefined && error.status >= 500))
+  isKernelError(error) &&
+  (error.reason._tag === "TransportError" || (error.reason._tag === "StatusError" && error.reason.status >= 500))
 
 /**
  * Backoff for the calls PROTOCOL.md 15 declares safe to retry: 100 ms, 200 ms,
@@ -243,9 +260,10 @@ export const isTransportFailure = (error: unknown): boolean =>
  *
  * @internal
  */
-export const retrySchedule: Schedule.Schedule<unknown> = Schedule.exponential("100 millis", 2).pipe(
-  Schedule.intersect(Schedule.recurs(3))
-)
+export const retrySchedule: Schedule.Schedule<unknown> = Schedule.max([
+  Schedule.exponential("100 millis", 2),
+  Schedule.recurs(3)
+])
 
 /**
  * Retry an effect on transport failures only. With `again`, the first try is
@@ -271,8 +289,7 @@ const retryFrom = <A, E, R>(
     : Effect.catchIf(
       self,
       isTransportFailure,
-      () =>
-        Effect.zipRight(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(again, again, retry + 1))
+      () => Effect.andThen(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(again, again, retry + 1))
     )
 
 /**
@@ -280,11 +297,11 @@ const retryFrom = <A, E, R>(
  *
  * @internal
  */
-export const parseJson = (text: string): Either.Either<unknown, string> => {
+export const parseJson = (text: string): Result.Result<unknown, string> => {
   try {
-    return Either.right(JSON.parse(text))
+    return Result.succeed(JSON.parse(text))
   } catch (e) {
-    return Either.left(e instanceof Error ? e.message : "invalid JSON")
+    return Result.fail(e instanceof Error ? e.message : "invalid JSON")
   }
 }
 
@@ -294,27 +311,25 @@ export const parseJson = (text: string): Either.Either<unknown, string> => {
  * @internal
  */
 export const decodeError = (status: number, description: string): KernelError =>
-  new KernelError({ reason: "Decode", status, description })
+  new KernelError({ reason: new DecodeError({ status, description }) })
 
 /**
  * Build a decoder from a reply's JSON body to a schema's type, failing with a
- * `Decode` `KernelError`.
+ * `DecodeError` `KernelError`.
  *
  * @internal
  */
-export const jsonDecoder = <A, I>(schema: Schema.Schema<A, I, never>) => {
-  const decode = Schema.decodeUnknownEither(schema)
-  return (reply: Reply): Effect.Effect<A, KernelError> => {
+export const jsonDecoder = <S extends Schema.ConstraintDecoder<unknown>>(schema: S) => {
+  const decode = Schema.decodeUnknownResult(schema)
+  return (reply: Reply): Effect.Effect<S["Type"], KernelError> => {
     const parsed = parseJson(reply.text)
-    if (Either.isLeft(parsed)) {
-      return Effect.fail(decodeError(reply.status, `response is not JSON: ${parsed.left}`))
+    if (Result.isFailure(parsed)) {
+      return Effect.fail(decodeError(reply.status, `response is not JSON: ${parsed.failure}`))
     }
-    const decoded = decode(parsed.right)
-    return Either.isRight(decoded)
-      ? Effect.succeed(decoded.right)
-      : Effect.fail(
-        decodeError(reply.status, `unexpected response: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`)
-      )
+    const decoded = decode(parsed.success)
+    return Result.isSuccess(decoded)
+      ? Effect.succeed(decoded.success)
+      : Effect.fail(decodeError(reply.status, `unexpected response: ${decoded.failure.message}`))
   }
 }
 

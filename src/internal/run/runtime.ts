@@ -8,13 +8,13 @@
  * @since 0.1.0
  * @internal
  */
-import { Deferred, Effect, FiberId, Option, Ref } from "effect"
+import { Deferred, Effect, Option, Ref } from "effect"
 import type { Fiber } from "effect"
-import type { Caller, KernelClient } from "../KernelClient.js"
-import type * as Protocol from "../Protocol.js"
-import { Abandoned, LeaseSuperseded, Terminated } from "../RebunoError.js"
-import { stringifyStrict } from "./json.js"
-import type { KernelError, RunSignal } from "../RebunoError.js"
+import type { Caller, KernelClient } from "../../KernelClient.js"
+import type * as Protocol from "../../Protocol.js"
+import { Abandoned, LeaseSuperseded, Terminated } from "../../RebunoError.js"
+import { stringifyStrict } from "../wire/json.js"
+import type { KernelError, RunSignal } from "../../RebunoError.js"
 
 /**
  * The kernel client of one run: the process-wide client, except that every call
@@ -89,7 +89,7 @@ export interface RunState {
    * The fiber running the run: a signal that stops the run (LeaseSuperseded,
    * Abandoned) interrupts it — at once if the run has already stopped.
    */
-  readonly attach: (fiber: Fiber.RuntimeFiber<unknown, unknown>) => void
+  readonly attach: (fiber: Fiber.Fiber<unknown, unknown>) => void
   /** Set once the run has started posting its outcome (heartbeat answers then no longer stop it). */
   readonly finishing: Ref.Ref<boolean>
 }
@@ -103,37 +103,36 @@ const stopsTheRun = (signal: RunSignal): boolean => signal instanceof LeaseSuper
  * @category internal
  * @internal
  */
-export const makeRunState = (
+export const makeRunState = Effect.fnUntraced(function*(
   kernel: KernelClient.Service,
   caller: Caller,
   executionId: string
-): Effect.Effect<RunState> =>
-  Effect.gen(function*() {
-    const signal = yield* Ref.make<Option.Option<RunSignal>>(Option.none())
-    const stopped = yield* Deferred.make<void>()
-    const finishing = yield* Ref.make(false)
-    // Mirrors `stopped` (completed only here), so that each call checks it without an Effect.
-    let isStopped = false
-    let fiber: Fiber.RuntimeFiber<unknown, unknown> | undefined
-    const close = Effect.suspend(() => {
-      isStopped = true
-      return Effect.asVoid(Deferred.succeed(stopped, undefined))
-    })
-    // Interrupting the run's fiber (not racing it against `stopped`) keeps a run to two fibers.
-    const interruptRun = (): void => fiber?.unsafeInterruptAsFork(FiberId.none)
-    const stop = Effect.zipRight(close, Effect.sync(interruptRun))
-    const raise = (s: RunSignal): Effect.Effect<void> =>
-      Effect.zipRight(
-        Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
-        stopsTheRun(s) ? stop : Effect.void
-      )
-    const client = scopedClient(kernel, () => isStopped, raise)
-    const attach = (running: Fiber.RuntimeFiber<unknown, unknown>): void => {
-      fiber = running
-      if (isStopped) interruptRun()
-    }
-    return { executionId, caller, client, signal, stopped, raise, close, finishing, attach }
+): Effect.fn.Return<RunState> {
+  const signal = yield* Ref.make<Option.Option<RunSignal>>(Option.none())
+  const stopped = yield* Deferred.make<void>()
+  const finishing = yield* Ref.make(false)
+  // Mirrors `stopped` (completed only here), so that each call checks it without an Effect.
+  let isStopped = false
+  let fiber: Fiber.Fiber<unknown, unknown> | undefined
+  const close = Effect.suspend(() => {
+    isStopped = true
+    return Effect.asVoid(Deferred.succeed(stopped, undefined))
   })
+  // Interrupting the run's fiber (not racing it against `stopped`) keeps a run to two fibers.
+  const interruptRun = (): void => fiber?.interruptUnsafe()
+  const stop = Effect.andThen(close, Effect.sync(interruptRun))
+  const raise = (s: RunSignal): Effect.Effect<void> =>
+    Effect.andThen(
+      Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
+      stopsTheRun(s) ? stop : Effect.void
+    )
+  const client = scopedClient(kernel, () => isStopped, raise)
+  const attach = (running: Fiber.Fiber<unknown, unknown>): void => {
+    fiber = running
+    if (isStopped) interruptRun()
+  }
+  return { executionId, caller, client, signal, stopped, raise, close, finishing, attach }
+})
 
 const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>
   e instanceof LeaseSuperseded || e instanceof Terminated

@@ -7,7 +7,7 @@
  * @since 0.1.0
  * @internal
  */
-import { PolicyError, RateLimited, ToolError } from "../RebunoError.js"
+import { PolicyError, RateLimited, ToolError } from "../../RebunoError.js"
 import * as llmRefusal from "./llmRefusal.js"
 
 const TOKEN = /^[a-z0-9_]+$/

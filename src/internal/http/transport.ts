@@ -3,27 +3,26 @@
  * its answer comes back as a {@link Reply}. Two implementations send the same
  * bytes:
  *
- * - {@link fromHttpClient}: any `@effect/platform` `HttpClient` (fetch, undici,
+ * - {@link fromHttpClient}: any `effect/http` `HttpClient` (fetch, undici,
  *   a test double, a client with tracing or proxy transforms);
  * - {@link fromDispatcher}: an undici `Dispatcher` driven directly through its
  *   handler interface — no request/response objects, streams or promises per
  *   call, which is most of what a keep-alive round trip to a local kernel costs.
  *
  * Both apply the per-request timeout on Effect's clock (a plain timer on the
- * live clock, `Effect.timeoutFail` under `TestClock`), map connection failures
- * to `Transport` `KernelError`s, and never follow redirects.
+ * live clock, `Effect.timeoutOrElse` under `TestClock`), map connection
+ * failures to `TransportError` `KernelError`s, and never follow redirects.
  *
  * @since 0.1.0
  * @internal
  */
-import type { HttpClient } from "@effect/platform"
-import { Headers, HttpBody, HttpClientRequest } from "@effect/platform"
 import type { NodeHttpClient } from "@effect/platform-node"
-import type { Context } from "effect"
-import { Duration, Effect } from "effect"
-import { KernelError } from "../RebunoError.js"
-import type { BaseUrl, Reply } from "./http.js"
-import { send, timeoutError, timeoutOnClock } from "./http.js"
+import { Duration, Effect, Option } from "effect"
+import type { HttpClient } from "effect/http"
+import { Headers, HttpBody, HttpClientRequest, UrlParams } from "effect/http"
+import { KernelError, TransportError } from "../../RebunoError.js"
+import type { BaseUrl, Reply } from "./exchange.js"
+import { send, timeoutError, timeoutOnClock } from "./exchange.js"
 
 /**
  * One request, fully built and signed: `path` is the route (`/v0/…`) relative
@@ -53,7 +52,7 @@ const JSON_TYPE = "application/json"
  *
  * @internal
  */
-export type UndiciDispatcher = Context.Tag.Service<typeof NodeHttpClient.Dispatcher>
+export type UndiciDispatcher = NodeHttpClient.Dispatcher["Service"]
 
 /**
  * A transport over an `HttpClient`.
@@ -66,12 +65,23 @@ export const fromHttpClient = (
   timeout: Duration.Duration
 ): Send =>
 (request) => {
-  const built = HttpClientRequest.make(request.method)(base.url + request.path, {
-    headers: Headers.unsafeFromRecord(request.headers)
-  })
+  const body = request.body
+  let headers = request.headers
+  // The request as built on Effect 3, so that a `transformClient` sees the same
+  // headers: a non-empty body adds its length last; an empty one adds none (the
+  // HTTP client sends `content-length: 0` itself), where Effect 4's `setBody`
+  // would add `content-length: 0`.
+  if (body !== undefined && body.length > 0) headers = { ...headers, "content-length": String(body.length) }
   return send(
     client,
-    request.body === undefined ? built : HttpClientRequest.setBody(built, HttpBody.uint8Array(request.body, JSON_TYPE)),
+    HttpClientRequest.makeWith(
+      request.method,
+      base.url + request.path,
+      UrlParams.empty,
+      Option.none(),
+      Headers.fromRecordUnsafe(headers),
+      body === undefined ? HttpBody.empty : HttpBody.uint8Array(body, JSON_TYPE)
+    ),
     timeout
   )
 }
@@ -98,9 +108,7 @@ export const fromDispatcher = (
 const failure = (prefix: string, error: unknown): KernelError => {
   const detail = error instanceof Error ? error.message : ""
   return new KernelError({
-    reason: "Transport",
-    description: detail === "" ? prefix : `${prefix}: ${detail}`,
-    cause: error
+    reason: new TransportError({ description: detail === "" ? prefix : `${prefix}: ${detail}`, cause: error })
   })
 }
 
@@ -118,7 +126,7 @@ const dispatch = (
   request: WireRequest,
   timeout: Duration.Duration | undefined
 ): Effect.Effect<Reply, KernelError> =>
-  Effect.async<Reply, KernelError>((resume) => {
+  Effect.callback<Reply, KernelError>((resume) => {
     let settled = false
     let controller: { abort(reason: Error): void } | undefined
     let abortRequested = false

@@ -7,7 +7,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Blocked, LeaseSuperseded, PolicyError, RateLimited, Terminated } from "../RebunoError.js"
+import { Blocked, isRebunoError, LeaseSuperseded, PolicyError, RateLimited, Terminated } from "../../RebunoError.js"
 
 /**
  * What a refusal marker turns into.
@@ -106,7 +106,7 @@ export const answerFor = (refusal: Refusal): RefusalAnswer => {
 /**
  * Responses (and their header objects) this process produced as refusals, so
  * that the decoder can find the typed refusal — with its step and approval ids
- * — behind an error that keeps the response (the platform's `ResponseError`) or
+ * — behind an error that keeps the response (`effect/http`'s `HttpClientError`) or
  * its headers (the `openai` client's `APIError`).
  */
 const answered = new WeakMap<object, Refusal>()
@@ -121,9 +121,10 @@ export const registerRefusalResponse = (response: object, refusal: Refusal): voi
   answered.set(response, refusal)
 }
 
-const isRefusal = (u: unknown): u is Refusal =>
-  u instanceof Blocked || u instanceof Terminated || u instanceof LeaseSuperseded || u instanceof PolicyError ||
-  u instanceof RateLimited
+const REFUSAL_TAGS: ReadonlySet<string> = new Set(["Blocked", "Terminated", "LeaseSuperseded", "PolicyError", "RateLimited"])
+
+/** A typed refusal (by tag, so that one from another copy of this package counts too). */
+const isRefusal = (u: unknown): u is Refusal => isRebunoError(u) && REFUSAL_TAGS.has(u._tag)
 
 const member = (u: object, key: string): unknown => {
   try {

@@ -11,16 +11,15 @@
  * @since 0.1.0
  * @internal
  */
-import { HttpClientError, HttpClientResponse } from "@effect/platform"
-import { isTransportFailure } from "./http.js"
-import type { HttpBody, HttpClient, HttpClientRequest } from "@effect/platform"
-import * as PlatformHttpClient from "@effect/platform/HttpClient"
-import { Cause, Clock, Data, Effect, Exit, FiberRef, Option, Runtime, Stream } from "effect"
-import { Execution } from "../Execution.js"
-import type * as Protocol from "../Protocol.js"
+import { Cause, Clock, Context, Data, Effect, Exit, Option, Result, Stream } from "effect"
+import { HttpClient, HttpClientError, HttpClientResponse } from "effect/http"
+import type { HttpBody, HttpClientRequest } from "effect/http"
+import { Execution } from "../../Execution.js"
+import type * as Protocol from "../../Protocol.js"
 import {
   Abandoned,
   Blocked,
+  DecodeError,
   InvalidArguments,
   KernelError,
   LeaseSuperseded,
@@ -28,12 +27,13 @@ import {
   RateLimited,
   Terminated,
   ToolError
-} from "../RebunoError.js"
-import { stringifyStrict } from "./json.js"
+} from "../../RebunoError.js"
+import { isTransportFailure } from "../http/exchange.js"
+import * as Tracing from "../http/tracing.js"
+import { stringifyStrict } from "../wire/json.js"
 import { answerFor, refusalAnswer, registerRefusalResponse } from "./llmRefusal.js"
 import type { Refusal, RefusalAnswer } from "./llmRefusal.js"
 import { teeStream } from "./llmStream.js"
-import * as Tracing from "./tracing.js"
 import type { TeeHooks } from "./llmStream.js"
 
 /**
@@ -58,10 +58,12 @@ const JSON_TYPE = "application/json"
  * Set while this module talks to the kernel, so that a kernel client sharing a
  * recording `HttpClient` is never recorded itself.
  */
-const insideKernelCall = FiberRef.unsafeMake(false)
+const InsideKernelCall = Context.Reference<boolean>("effect-rebuno/Llm/InsideKernelCall", {
+  defaultValue: () => false
+})
 
 const kernelCall = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
-  Effect.locally(self, insideKernelCall, true)
+  Effect.provideService(self, InsideKernelCall, true)
 
 // ---------------------------------------------------------------------------
 // Request bodies
@@ -241,7 +243,7 @@ type Admission =
 type SubmitFailure = Abandoned | KernelError | ToolError
 
 const isSignal = (refusal: Refusal): refusal is Blocked | Terminated | LeaseSuperseded =>
-  refusal instanceof Blocked || refusal instanceof Terminated || refusal instanceof LeaseSuperseded
+  refusal._tag === "Blocked" || refusal._tag === "Terminated" || refusal._tag === "LeaseSuperseded"
 
 /** Record the refusal's signal on the run (when it is one) and answer with it. */
 const refuse = (execution: Execution.Service, answer: RefusalAnswer): Effect.Effect<Admission> =>
@@ -252,11 +254,12 @@ const refuse = (execution: Execution.Service, answer: RefusalAnswer): Effect.Eff
 
 const abandon = (execution: Execution.Service, reason: string): Effect.Effect<never, Abandoned> => {
   const signal = new Abandoned({ reason })
-  return Effect.zipRight(execution.raise(signal), Effect.fail(signal))
+  return Effect.andThen(execution.raise(signal), Effect.fail(signal))
 }
 
-const unexpected = (decision: string) =>
-  new KernelError({ reason: "Decode", description: `unexpected step decision: ${decision}` })
+const decodeFailure = (description: string) => new KernelError({ reason: new DecodeError({ description }) })
+
+const unexpected = (decision: string) => decodeFailure(`unexpected step decision: ${decision}`)
 
 const describeRecorded = (error: unknown): string => {
   if (isObject(error)) {
@@ -289,7 +292,7 @@ const decide = (call: Call, decision: Protocol.StepDecision): Effect.Effect<Admi
   switch (decision.decision) {
     case "proceed":
       return stepId === undefined
-        ? Effect.fail(new KernelError({ reason: "Decode", description: "proceed decision without step_id" }))
+        ? Effect.fail(decodeFailure("proceed decision without step_id"))
         : Effect.succeed({ _tag: "Proceed", stepId })
     case "replay": {
       const error = decision.error
@@ -399,14 +402,14 @@ const record = (
           return Effect.void
         case "execution_terminal": {
           const signal = new Terminated()
-          return Effect.zipRight(execution.raise(signal), Effect.fail(signal))
+          return Effect.andThen(execution.raise(signal), Effect.fail(signal))
         }
         default:
           return Effect.fail(unexpected(decision.decision))
       }
     }),
     Effect.catchIf(
-      (e): e is KernelError => isTransportFailure(e),
+      (e): e is KernelError => e._tag === "KernelError" && isTransportFailure(e),
       (e) => abandon(execution, `step complete failed: ${e.message}`)
     )
   )
@@ -425,19 +428,20 @@ const failStep = (call: Call, stepId: string, error: unknown): Effect.Effect<voi
 
 /** A run signal met while recording: answer with its refusal; anything else stays an error. */
 const signalAnswer = (error: RecordFailure): Answer | undefined =>
-  error instanceof Terminated || error instanceof LeaseSuperseded ? fromRefusal(answerFor(error)) : undefined
+  error._tag === "Terminated" || error._tag === "LeaseSuperseded" ? fromRefusal(answerFor(error)) : undefined
 
 const teeHooks = (
   call: Call,
   stepId: string,
   status: number,
   contentType: string,
-  runtime: Runtime.Runtime<never>
+  context: Context.Context<never>
 ): TeeHooks => {
   const { execution } = call
-  const run = Runtime.runPromise(runtime)
+  const run = Effect.runPromiseWith(context)
+  const clock = Context.getUnsafe(context, Clock.Clock)
   return {
-    now: () => Runtime.runSync(runtime)(Clock.currentTimeMillis),
+    now: () => clock.currentTimeMillisUnsafe(),
     publish: (seq, data) =>
       run(kernelCall(execution.kernel.publishDelta(execution.caller, execution.executionId, stepId, seq, data)))
         .catch(() => undefined),
@@ -472,24 +476,30 @@ const proceedFetch = (
     const contentType = response.headers.get("content-type") ?? JSON_TYPE
     const headers = providerHeaders(response.headers)
     if (isEventStream(contentType) && status < 400 && response.body !== null) {
-      const runtime = yield* Effect.runtime<never>()
-      const body = teeStream(response.body, teeHooks(call, stepId, status, contentType, runtime))
+      const context = yield* Effect.context<never>()
+      const body = teeStream(response.body, teeHooks(call, stepId, status, contentType, context))
       return new Response(body, { status, statusText: response.statusText, headers })
     }
     const text = yield* Effect.tryPromise({
       try: () => response.text(),
       catch: (cause) => new ProviderFailure({ cause })
     }).pipe(Effect.tapError((e) => failStep(call, stepId, e.cause)))
-    const recorded = yield* Effect.either(record(call, stepId, status, contentType, text))
-    if (recorded._tag === "Left") {
-      const answer = signalAnswer(recorded.left)
-      return answer === undefined ? yield* Effect.fail(recorded.left) : answerResponse(answer)
+    const recorded = yield* Effect.result(record(call, stepId, status, contentType, text))
+    if (Result.isFailure(recorded)) {
+      const answer = signalAnswer(recorded.failure)
+      return answer === undefined ? yield* Effect.fail(recorded.failure) : answerResponse(answer)
     }
     return makeResponse(text, status, response.statusText, headers)
   })
 
 const span = (name: string, call: Call) =>
-  Tracing.withSpan(name, { attributes: { "rebuno.step.kind": KIND, "rebuno.step.target": call.target } })
+  Tracing.withSpan(name, {
+    attributes: {
+      ...Tracing.runAttributes(call.execution),
+      "rebuno.step.kind": KIND,
+      "rebuno.step.target": call.target
+    }
+  })
 
 const recordFetch = (
   call: Call,
@@ -502,7 +512,7 @@ const recordFetch = (
 
 /** What a rejected fetch rejects with: the provider's own error, or the Rebuno error. */
 const rejection = (cause: Cause.Cause<unknown>): unknown => {
-  const failure = Cause.failureOption(cause)
+  const failure = Cause.findErrorOption(cause)
   if (Option.isSome(failure)) {
     return failure.value instanceof ProviderFailure ? failure.value.cause : failure.value
   }
@@ -517,7 +527,7 @@ const rejection = (cause: Cause.Cause<unknown>): unknown => {
  * @internal
  */
 export const makeFetch = (
-  runtime: Runtime.Runtime<never>,
+  context: Context.Context<never>,
   execution: Option.Option<Execution.Service>,
   underlying: Fetch | undefined
 ): Fetch =>
@@ -531,7 +541,7 @@ export const makeFetch = (
   const call = prepare(execution.value, parsed)
   // The fetch contract is a Promise: this is where failures become rejections.
   if (call instanceof InvalidArguments) return Promise.reject(call)
-  return Runtime.runPromiseExit(runtime)(recordFetch(call, send)).then((exit) =>
+  return Effect.runPromiseExitWith(context)(recordFetch(call, send)).then((exit) =>
     Exit.isSuccess(exit) ? exit.value : Promise.reject(rejection(exit.cause))
   )
 }
@@ -541,7 +551,9 @@ export const makeFetch = (
 // ---------------------------------------------------------------------------
 
 const requestError = (request: HttpClientRequest.HttpClientRequest, error: Error) =>
-  new HttpClientError.RequestError({ request, reason: "Transport", cause: error, description: error.message })
+  new HttpClientError.HttpClientError({
+    reason: new HttpClientError.TransportError({ request, cause: error, description: error.message })
+  })
 
 const clientAnswer = (request: HttpClientRequest.HttpClientRequest, answer: Answer) => {
   const response = HttpClientResponse.fromWeb(request, answerResponse(answer))
@@ -561,17 +573,17 @@ const proceedClient = (
     const contentType = response.headers["content-type"] ?? JSON_TYPE
     const headers = providerHeaders(Object.entries(response.headers))
     if (isEventStream(contentType) && status < 400) {
-      const runtime = yield* Effect.runtime<never>()
-      const source = Stream.toReadableStreamRuntime(response.stream, runtime)
-      const body = teeStream(source, teeHooks(call, stepId, status, contentType, runtime))
+      const context = yield* Effect.context<never>()
+      const source = Stream.toReadableStreamWith(response.stream, context)
+      const body = teeStream(source, teeHooks(call, stepId, status, contentType, context))
       return HttpClientResponse.fromWeb(request, new Response(body, { status, headers }))
     }
     const text = yield* Effect.tapError(response.text, (e) => failStep(call, stepId, e))
-    const recorded = yield* Effect.either(record(call, stepId, status, contentType, text))
-    if (recorded._tag === "Left") {
-      const answer = signalAnswer(recorded.left)
+    const recorded = yield* Effect.result(record(call, stepId, status, contentType, text))
+    if (Result.isFailure(recorded)) {
+      const answer = signalAnswer(recorded.failure)
       return answer === undefined
-        ? yield* Effect.fail(requestError(request, recorded.left))
+        ? yield* Effect.fail(requestError(request, recorded.failure))
         : clientAnswer(request, answer)
     }
     return HttpClientResponse.fromWeb(request, makeResponse(text, status, "", headers))
@@ -586,9 +598,9 @@ const proceedClient = (
  * @internal
  */
 export const transformClient = (client: HttpClient.HttpClient): HttpClient.HttpClient =>
-  PlatformHttpClient.transform(client, (send, request) =>
+  HttpClient.transform(client, (send, request) =>
     Effect.gen(function*() {
-      if (yield* FiberRef.get(insideKernelCall)) return yield* send
+      if (yield* InsideKernelCall) return yield* send
       const execution = yield* Effect.serviceOption(Execution)
       if (Option.isNone(execution)) return yield* send
       const text = bodyText(request.body)
@@ -596,11 +608,8 @@ export const transformClient = (client: HttpClient.HttpClient): HttpClient.HttpC
       if (parsed === undefined) return yield* send
       const call = prepare(execution.value, parsed)
       if (call instanceof InvalidArguments) {
-        return yield* new HttpClientError.RequestError({
-          request,
-          reason: "Encode",
-          cause: call,
-          description: call.message
+        return yield* new HttpClientError.HttpClientError({
+          reason: new HttpClientError.EncodeError({ request, cause: call, description: call.message })
         })
       }
       return yield* Effect.mapError(admit(call), (e) => requestError(request, e)).pipe(

@@ -8,12 +8,14 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Context, Effect, Either, ParseResult, Schema } from "effect"
-import { Execution } from "../Execution.js"
-import type * as Protocol from "../Protocol.js"
+import { Cause, Context, Effect, Formatter, Option, Result, Schema, SchemaIssue } from "effect"
+import type { SchemaAST } from "effect"
+import { Execution } from "../../Execution.js"
+import type * as Protocol from "../../Protocol.js"
 import {
   Abandoned,
   Blocked,
+  DecodeError,
   InvalidArguments,
   isRunSignal,
   KernelError,
@@ -23,16 +25,16 @@ import {
   StepDecodeError,
   Terminated,
   ToolError
-} from "../RebunoError.js"
-import type { RunSignal } from "../RebunoError.js"
-import type { KernelClient, StepSubmission } from "../KernelClient.js"
-import * as Codec from "./codec.js"
+} from "../../RebunoError.js"
+import type { RunSignal } from "../../RebunoError.js"
+import type { KernelClient, StepSubmission } from "../../KernelClient.js"
+import * as Codec from "../wire/codec.js"
 import * as InProcess from "./inProcess.js"
-import * as Tracing from "./tracing.js"
-import { stringifyStrict } from "./json.js"
+import * as Tracing from "../http/tracing.js"
+import { stringifyStrict } from "../wire/json.js"
 import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
 import type { StepFailureRecord } from "./runtime.js"
-import { isTransportFailure } from "./http.js"
+import { isTransportFailure } from "../http/exchange.js"
 
 /**
  * How a step may be re-run when its earlier run died mid-body.
@@ -110,11 +112,11 @@ export interface Submission {
 }
 
 const unexpected = (decision: string) =>
-  new KernelError({ reason: "Decode", description: `unexpected step decision: ${decision}` })
+  new KernelError({ reason: new DecodeError({ description: `unexpected step decision: ${decision}` }) })
 
 /** Record a signal on the run and fail with it. */
 const signal = <S extends RunSignal>(execution: Execution.Service, s: S): Effect.Effect<never, S> =>
-  Effect.zipRight(execution.raise(s), Effect.fail(s))
+  Effect.andThen(execution.raise(s), Effect.fail(s))
 
 /** The submission as sent, or why it cannot be: its arguments are not JSON (nothing is sent then). */
 const prepare = (submission: Submission): StepSubmission | InvalidArguments => {
@@ -138,12 +140,21 @@ const submitFailed = (execution: Execution.Service, target: string, e: SubmitErr
   e instanceof KernelError && isTransportFailure(e)
     ? signal(execution, new Abandoned({ reason: `step submission failed: ${e.message}` }))
     : e instanceof PolicyError && e.target === undefined
-    ? Effect.fail(new PolicyError({ ...e, target }))
+    ? Effect.fail(withTarget(e, target))
     : isAnswerSignal(e)
     ? signal(execution, e)
     : Effect.fail(e)
 
 type SubmitError = KernelError | LeaseSuperseded | Terminated | PolicyError
+
+/** A policy error the kernel answered for a submit, with the step's target. */
+const withTarget = (e: PolicyError, target: string): PolicyError =>
+  new PolicyError({
+    reason: e.reason,
+    ...(e.ruleId === undefined ? {} : { ruleId: e.ruleId }),
+    ...(e.stepId === undefined ? {} : { stepId: e.stepId }),
+    target
+  })
 
 /**
  * Check the arguments are JSON (nothing is sent otherwise), submit, and map the
@@ -202,7 +213,7 @@ const admission = (
   switch (decision.decision) {
     case "proceed":
       return decision.stepId === undefined ?
-        Effect.fail(new KernelError({ reason: "Decode", description: "proceed decision without step_id" })) :
+        Effect.fail(new KernelError({ reason: new DecodeError({ description: "proceed decision without step_id" }) })) :
         { _tag: "Proceed", stepId: decision.stepId }
     case "replay":
       return {
@@ -290,9 +301,9 @@ export const complete = <A>(
 ): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> => {
   const inProcess = inProcessSteps(execution)
   if (inProcess !== undefined) {
-    return Effect.withFiberRuntime((fiber) => {
+    return Effect.withFiber((fiber) => {
       const answer = inProcess.isStopped()
-        ? Either.left(new LeaseSuperseded())
+        ? Result.fail(new LeaseSuperseded())
         : inProcess.steps.completeStep(
           InProcess.nowOf(fiber),
           execution.caller,
@@ -300,10 +311,10 @@ export const complete = <A>(
           stepId,
           resultJson
         )
-      if (!Either.isEither(answer)) return completed(execution, answer, value)
-      return Either.isLeft(answer)
-        ? completeFailed(execution, answer.left)
-        : (settled(execution, answer.right) ?? Effect.succeed(value))
+      if (!Result.isResult(answer)) return completed(execution, answer, value)
+      return Result.isFailure(answer)
+        ? completeFailed(execution, answer.failure)
+        : (settled(execution, answer.success) ?? Effect.succeed(value))
     })
   }
   return completed(
@@ -360,47 +371,122 @@ export const fail = (
 ): Effect.Effect<void, LeaseSuperseded | Terminated | Abandoned> =>
   execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error).pipe(
     Effect.flatMap((decision) => settled(execution, decision) ?? Effect.void),
-    Effect.catchIf(
-      (e): e is KernelError => e instanceof KernelError,
-      (e) =>
-        isTransportFailure(e)
-          ? signal(execution, new Abandoned({ reason: `step fail failed: ${e.message}` }))
-          : Effect.void
-    )
+    Effect.catchTag("KernelError", (e) =>
+      isTransportFailure(e)
+        ? signal(execution, new Abandoned({ reason: `step fail failed: ${e.message}` }))
+        : Effect.void)
   )
 
 /**
- * Render a Schema parse error's first issue as `(path, message)`, the path in
- * the `$.a[0]` notation of `stringifyStrict`.
+ * A schema failure: the error of `Schema.decode*` / `Schema.encode*`, or its
+ * issue (`SchemaParser`).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export type SchemaFailure = Schema.SchemaError | SchemaIssue.Issue
+
+const issueOf = (failure: SchemaFailure): SchemaIssue.Issue =>
+  Schema.isSchemaError(failure) ? failure.issue : failure
+
+/** `Expected <what>`, with `, actual <input>` when the issue reports its input (Effect 3's wording). */
+const expectedMessage = (expected: string, issue: SchemaIssue.Issue): string =>
+  SchemaIssue.hasInput(issue)
+    ? `Expected ${expected}, actual ${Formatter.format(issue.input)}`
+    : `Expected ${expected}`
+
+/**
+ * The leaf messages of the issues we render, worded as Effect 3's
+ * `ArrayFormatter` worded them: they end up in failure reasons and step errors
+ * sent to the kernel (`input_invalid: prompt: Expected string, actual 1`).
+ * Decode or encode with `{ reportInput: true }` to get the `actual` part.
+ */
+const leafHook: SchemaIssue.LeafHook = (issue) => {
+  const message = SchemaIssue.defaultLeafHook(issue)
+  switch (issue._tag) {
+    case "MissingKey":
+      return message === "Missing key" ? "is missing" : message
+    case "UnexpectedKey":
+      return message === "Expected no excess property" || message.startsWith("Unexpected key with value ")
+        ? "is unexpected"
+        : message
+    case "Forbidden":
+      return message === "Forbidden operation" ? "is forbidden" : message
+    case "InvalidType":
+    case "InvalidValue": {
+      if (!SchemaIssue.hasInput(issue)) return message
+      const got = `, got ${Formatter.format(issue.input)}`
+      return message.startsWith("Expected ") && message.endsWith(got)
+        ? `${message.slice(0, -got.length)}, actual ${Formatter.format(issue.input)}`
+        : message
+    }
+    default:
+      return message
+  }
+}
+
+const checkExpected = (check: SchemaAST.Check<any>): string => {
+  const expected = check.annotations?.expected
+  if (typeof expected === "string") return expected
+  return check._tag === "Filter" ? "<filter>" : check.checks.map(checkExpected).join(" & ")
+}
+
+/** A failed check, worded as {@link leafHook} words the leaves. */
+const checkHook: SchemaIssue.CheckHook = (issue) => {
+  const message = SchemaIssue.defaultCheckHook(issue)
+  if (message !== undefined || issue.issue._tag !== "InvalidValue") return message
+  const expected = issue.issue.annotations?.expected
+  return typeof expected === "string"
+    ? expectedMessage(expected, issue.issue)
+    : expectedMessage(checkExpected(issue.filter), issue)
+}
+
+const formatter = SchemaIssue.makeFormatterStandardSchemaV1({ leafHook, checkHook })
+
+const defaultFormatter = SchemaIssue.makeFormatterDefault()
+
+type PathSegment = PropertyKey | { readonly key: PropertyKey }
+
+const segmentKey = (segment: PathSegment): PropertyKey =>
+  typeof segment === "object" && segment !== null ? segment.key : segment
+
+const issuesOf = (failure: SchemaFailure) => formatter(issueOf(failure)).issues
+
+/**
+ * Render a Schema failure's first issue as `(path, message)`, the path in the
+ * `$.a[0]` notation of `stringifyStrict`.
  *
  * @since 0.1.0
  * @category internal
  * @internal
  */
-export const firstIssue = (error: ParseResult.ParseError): { readonly path: string; readonly message: string } => {
-  const issues = ParseResult.ArrayFormatter.formatErrorSync(error)
-  const issue = issues[0]
-  if (issue === undefined) return { path: "$", message: error.message }
-  return { path: renderPath(issue.path), message: issue.message }
+export const firstIssue = (failure: SchemaFailure): { readonly path: string; readonly message: string } => {
+  const issue = issuesOf(failure)[0]
+  if (issue === undefined) return { path: "$", message: defaultFormatter(issueOf(failure)) }
+  return { path: renderPath(issue.path ?? []), message: issue.message }
 }
 
 /**
- * Every issue of a parse error as `path: message` (path omitted at the root).
+ * Every issue of a Schema failure as `path: message` (path omitted at the root).
  *
  * @since 0.1.0
  * @category internal
  * @internal
  */
-export const issueMessages = (error: ParseResult.ParseError): ReadonlyArray<string> =>
-  ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) =>
-    issue.path.length === 0 ? issue.message : `${issue.path.map(String).join(".")}: ${issue.message}`
+export const issueMessages = (failure: SchemaFailure): ReadonlyArray<string> =>
+  issuesOf(failure).map((issue) =>
+    issue.path === undefined || issue.path.length === 0
+      ? issue.message
+      : `${issue.path.map((segment) => String(segmentKey(segment))).join(".")}: ${issue.message}`
   )
 
 const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/
 
-const renderPath = (path: ReadonlyArray<PropertyKey>): string => {
+const renderPath = (path: ReadonlyArray<PathSegment>): string => {
   let out = "$"
-  for (const segment of path) {
+  for (const s of path) {
+    const segment = segmentKey(s)
     if (typeof segment === "number") out += `[${segment}]`
     else if (typeof segment === "string" && IDENTIFIER.test(segment)) out += `.${segment}`
     else out += `[${JSON.stringify(String(segment))}]`
@@ -409,7 +495,9 @@ const renderPath = (path: ReadonlyArray<PropertyKey>): string => {
 }
 
 /**
- * The options of one step.
+ * The options of one step. `success` encodes the result before it is recorded
+ * and decodes it on replay; `failure` does the same for a typed failure (so
+ * each needs both its decoding and its encoding services: `RS`, `RF`).
  *
  * @since 0.1.0
  * @category internal
@@ -420,8 +508,8 @@ export interface StepOptions<A, E, R, I, RS, F, FI, RF> {
   readonly target: string
   readonly args?: unknown
   readonly idempotency?: Idempotency | undefined
-  readonly success?: Schema.Schema<A, I, RS> | undefined
-  readonly failure?: Schema.Schema<F, FI, RF> | undefined
+  readonly success?: Schema.Codec<A, I, RS, RS> | undefined
+  readonly failure?: Schema.Codec<F, FI, RF, RF> | undefined
   readonly body: (context: StepContext) => Effect.Effect<A, E, R>
 }
 
@@ -442,8 +530,8 @@ export const tracedStep = <A, E, R>(
   spanOptions: Tracing.SpanOptions,
   step: (execution: Execution.Service) => Effect.Effect<A, E, R>
 ): Effect.Effect<A, E, R | Execution> =>
-  Effect.withFiberRuntime<A, E, R | Execution>((fiber) =>
-    Tracing.withSpanIn(fiber, spanName, spanOptions, step(Context.unsafeGet(fiber.currentContext, Execution)))
+  Effect.withFiber<A, E, R | Execution>((fiber) =>
+    Tracing.withSpanIn(fiber, spanName, spanOptions, step(Context.getUnsafe(fiber.context, Execution)))
   )
 
 /**
@@ -471,18 +559,18 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
   // An in-process kernel answers at once: submit as a plain call at the fiber's time.
   const prepared = prepare(submission)
   if (prepared instanceof InvalidArguments) return Effect.fail(prepared)
-  return Effect.withFiberRuntime((fiber) => {
+  return Effect.withFiber((fiber) => {
     const answer = inProcess.isStopped()
-      ? Either.left(new LeaseSuperseded())
+      ? Result.fail(new LeaseSuperseded())
       : inProcess.steps.submitStep(InProcess.nowOf(fiber), execution.caller, execution.executionId, prepared)
-    if (!Either.isEither(answer)) {
+    if (!Result.isResult(answer)) {
       return Effect.flatMap(
         submitted(execution, submission.target, answer),
         (admitted) => proceedOrReplay(execution, options, submission, admitted)
       )
     }
-    if (Either.isLeft(answer)) return submitFailed(execution, submission.target, answer.left)
-    const admitted = admission(execution, submission.target, answer.right)
+    if (Result.isFailure(answer)) return submitFailed(execution, submission.target, answer.failure)
+    const admitted = admission(execution, submission.target, answer.success)
     return Effect.isEffect(admitted) ? admitted : proceedOrReplay(execution, options, submission, admitted)
   })
 }
@@ -507,6 +595,9 @@ const proceedOrReplay = <A, E, R, I, RS, F, FI, RF>(
   )
 }
 
+/** Schema failures name the offending value, as Effect 3's messages did (they are recorded as step errors). */
+const reportInput = { reportInput: true } as const
+
 /** Encode a body's result and record it (or record why it cannot be). */
 const record = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
@@ -518,7 +609,7 @@ const record = <A, E, R, I, RS, F, FI, RF>(
   if (schema === undefined) return recordEncoded(execution, options.target, stepId, value, value)
   const quick = Codec.encodeSync(schema, value)
   if (quick !== undefined) return recordEncoded(execution, options.target, stepId, quick.value, value)
-  return Effect.matchEffect(Schema.encode(schema)(value), {
+  return Effect.matchEffect(Schema.encodeEffect(schema)(value, reportInput), {
     onFailure: (error) => recordFailure(execution, options.target, stepId, `result does not encode: ${error.message}`),
     onSuccess: (output) => recordEncoded(execution, options.target, stepId, output, value)
   })
@@ -545,7 +636,7 @@ const recordFailure = (
   message: string
 ): Effect.Effect<never, ToolError | LeaseSuperseded | Terminated | Abandoned> => {
   const error = { message }
-  return Effect.zipRight(
+  return Effect.andThen(
     fail(execution, stepId, error),
     Effect.fail(new ToolError({ toolId: target, stepId, error, retryable: false, text: `${target}: ${message}` }))
   )
@@ -557,9 +648,9 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
   stepId: string,
   cause: Cause.Cause<E>
 ): Effect.Effect<never, StepError | F, RF> => {
-  if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
-  const failure = Cause.failureOption(cause)
-  const error: unknown = failure._tag === "Some" ? failure.value : Cause.squash(cause)
+  if (Cause.hasInterruptsOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
+  const failure = Cause.findErrorOption(cause)
+  const error: unknown = Option.isSome(failure) ? failure.value : Cause.squash(cause)
   if (isPropagated(error)) return Effect.fail(error)
   const refusal = decodeRefusal(error)
   if (refusal !== undefined) {
@@ -567,15 +658,14 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
   }
   const message = messageOf(error)
   const schema = options.failure
-  if (failure._tag === "Some" && schema !== undefined && Schema.is(schema)(error)) {
+  if (Option.isSome(failure) && schema !== undefined && Schema.is(schema)(error)) {
     const typed: F = error
-    const encoded: Effect.Effect<FI, ParseResult.ParseError, RF> = Schema.encode(schema)(typed)
-    return Effect.matchEffect(encoded, {
+    return Effect.matchEffect(Schema.encodeEffect(schema)(typed), {
       onFailure: (): Effect.Effect<never, StepError | F> => recordFailure(execution, options.target, stepId, message),
       onSuccess: (output): Effect.Effect<never, StepError | F> => {
         const record = { message, failure: output }
         return stringifyStrict(record)._tag === "Ok" ?
-          Effect.zipRight(fail(execution, stepId, record), Effect.fail(typed)) :
+          Effect.andThen(fail(execution, stepId, record), Effect.fail(typed)) :
           recordFailure(execution, options.target, stepId, message)
       }
     })
@@ -596,7 +686,7 @@ const replay = <A, E, R, I, RS, F, FI, RF>(
       schema !== undefined && typeof recorded === "object" && recorded !== null &&
       Object.prototype.hasOwnProperty.call(recorded, "failure")
     ) {
-      return Schema.decodeUnknown(schema)((recorded as { readonly failure: unknown }).failure).pipe(
+      return Schema.decodeUnknownEffect(schema)((recorded as { readonly failure: unknown }).failure, reportInput).pipe(
         Effect.mapError((e) => decodeError(`recorded failure does not decode: ${e.message}`)),
         Effect.flatMap((typed) => Effect.fail(typed))
       )
@@ -614,7 +704,7 @@ const replay = <A, E, R, I, RS, F, FI, RF>(
   if (options.success === undefined) return Effect.succeed(admission.result as A)
   const quick = Codec.decodeSync(options.success, admission.result)
   if (quick !== undefined) return Effect.succeed(quick.value)
-  return Schema.decodeUnknown(options.success)(admission.result).pipe(
+  return Schema.decodeUnknownEffect(options.success)(admission.result, reportInput).pipe(
     Effect.mapError((e) => decodeError(`recorded result does not decode: ${e.message}`))
   )
 }

@@ -1,0 +1,105 @@
+/**
+ * The registered agents of the kernel core (PROTOCOL 4.1, 11.9, 11.10): upsert
+ * with policy validation, lookup, listing in byte order, removal and policy
+ * replacement.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import * as Result from "effect/Result"
+import * as Policy from "../Policy.js"
+import { goQuote } from "./goQuote.js"
+import type { AgentRecord } from "./model.js"
+import { KernelFailure, validation } from "./model.js"
+
+const utf8 = new TextEncoder()
+const compareBytes = (a: string, b: string): number => {
+  const x = utf8.encode(a)
+  const y = utf8.encode(b)
+  const n = Math.min(x.length, y.length)
+  for (let i = 0; i < n; i++) {
+    if (x[i] !== y[i]) return x[i]! - y[i]!
+  }
+  return x.length - y.length
+}
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export class AgentTable {
+  private readonly byId = new Map<string, AgentRecord>()
+
+  /**
+   * Upsert an agent. A non-empty `policyBundle` is validated; an invalid one fails
+   * with `400 validation_error` and the message
+   * `agent "<id>": invalid policy bundle: <detail>` (the manifest wording, 4.2).
+   */
+  register(
+    a: {
+      readonly id: string
+      readonly webhookUrl: string
+      readonly secret: string
+      readonly policyBundle?: string | undefined
+      readonly leaseTimeoutSeconds?: number | undefined
+    },
+    now: number
+  ): AgentRecord | KernelFailure {
+    let policy: Policy.Bundle | undefined
+    const bundle = a.policyBundle ?? ""
+    if (bundle !== "") {
+      const parsed = Policy.parseBundle(bundle)
+      if (Result.isFailure(parsed)) {
+        return validation("agent " + goQuote(a.id) + ": invalid policy bundle: " + parsed.failure)
+      }
+      policy = parsed.success
+    }
+    const record: AgentRecord = {
+      id: a.id,
+      webhookUrl: a.webhookUrl,
+      secret: a.secret,
+      policyBundle: bundle,
+      policy,
+      registeredAtMs: now,
+      leaseTimeoutMs: a.leaseTimeoutSeconds !== undefined && a.leaseTimeoutSeconds >= 10
+        ? a.leaseTimeoutSeconds * 1000
+        : undefined
+    }
+    this.byId.set(a.id, record)
+    return record
+  }
+
+  get(id: string): AgentRecord | undefined {
+    return this.byId.get(id)
+  }
+
+  has(id: string): boolean {
+    return this.byId.has(id)
+  }
+
+  /** Sorted by id (byte order). */
+  list(): Array<AgentRecord> {
+    return Array.from(this.byId.values()).sort((a, b) => compareBytes(a.id, b.id))
+  }
+
+  delete(id: string): void {
+    this.byId.delete(id)
+  }
+
+  /** PROTOCOL 11.10: validation (400) before the agent lookup (404); `""` removes. */
+  loadPolicy(agentId: string, bundle: string): void | KernelFailure {
+    let policy: Policy.Bundle | undefined
+    if (bundle !== "") {
+      const parsed = Policy.parseBundle(bundle)
+      if (Result.isFailure(parsed)) {
+        return validation("load policy bundle: validation error: invalid policy bundle: " + parsed.failure)
+      }
+      policy = parsed.success
+    }
+    const agent = this.byId.get(agentId)
+    if (agent === undefined) {
+      return new KernelFailure({ status: 404, code: "not_found", message: "load policy bundle: not found" })
+    }
+    this.byId.set(agentId, { ...agent, policyBundle: bundle, policy })
+  }
+}

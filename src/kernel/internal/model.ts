@@ -1,0 +1,336 @@
+/**
+ * The vocabulary of the kernel core: its settings, the failure every operation
+ * may end in, and the records it hands out (agents, executions, steps,
+ * approvals, events, dispatches, decisions, leases, claims, deltas). `Core`
+ * re-exports all of it; the other core modules speak in these terms.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import { Schema } from "effect"
+import type { ApprovalStatus, DecisionKind, ExecutionStatus, StepStatus } from "../../Protocol.js"
+import type * as Policy from "../Policy.js"
+
+/**
+ * A protocol-level failure of a kernel operation: the HTTP status, the error
+ * `code` and the exact `message` of the error envelope (PROTOCOL 13.2).
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class KernelFailure extends Schema.TaggedError<KernelFailure>("effect-rebuno/kernel/KernelFailure")(
+  "KernelFailure",
+  {
+    status: Schema.Number,
+    code: Schema.String,
+    message: Schema.String
+  }
+) {}
+
+/**
+ * Kernel settings. Durations in milliseconds.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Settings {
+  /** Lease timeout of a dispatch (default 120 000). Per-agent overrides win. */
+  readonly leaseTimeoutMs: number
+  /** Max delivery attempts of a dispatch (default 5). */
+  readonly maxAttempts: number
+  /** Default approval timeout (default 900 000). */
+  readonly approvalTimeoutMs: number
+  /** Execution deadline; `undefined` = off (default). */
+  readonly deadlineMs: number | undefined
+  /** `"v0.14.0"` emulates a kernel without attempts and fencing (PROTOCOL 17.A). */
+  readonly compat: "target" | "v0.14.0"
+  /** Simulate rate-limiter errors (PROTOCOL 10.5, 16.4). */
+  readonly limiterError: boolean
+  /** Random source in `[0, 1)` for backoff jitter. */
+  readonly random: () => number
+}
+
+/**
+ * The default settings (PROTOCOL Appendix A).
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const defaultSettings: Settings = {
+  leaseTimeoutMs: 120_000,
+  maxAttempts: 5,
+  approvalTimeoutMs: 900_000,
+  deadlineMs: undefined,
+  compat: "target",
+  limiterError: false,
+  random: Math.random
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export type DispatchStatus = "pending" | "in_flight" | "failed" | "exhausted"
+
+/**
+ * A registered agent (PROTOCOL 4.1).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface AgentRecord {
+  readonly id: string
+  readonly webhookUrl: string
+  readonly secret: string
+  /** Raw YAML text; `""` = no policy. */
+  readonly policyBundle: string
+  /** The parsed bundle; `undefined` when `policyBundle` is empty. */
+  readonly policy: Policy.Bundle | undefined
+  readonly registeredAtMs: number
+  /** Per-agent lease timeout (manifest `lease_timeout_seconds` ≥ 10). */
+  readonly leaseTimeoutMs: number | undefined
+}
+
+/**
+ * An execution. Raw JSON members are stored compacted (PROTOCOL 2.8).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ExecutionRecord {
+  readonly id: string
+  readonly agentId: string
+  readonly agentVersion: string | undefined
+  readonly inputRaw: string | undefined
+  readonly status: ExecutionStatus
+  readonly outputRaw: string | undefined
+  /** `""` when none. */
+  readonly failureReason: string
+  readonly createdAtMs: number
+  readonly updatedAtMs: number
+  readonly deadlineAtMs: number | undefined
+}
+
+/**
+ * A recorded step (PROTOCOL 11.12).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface StepRecord {
+  readonly stepId: string
+  readonly executionId: string
+  readonly kind: string
+  readonly target: string
+  readonly argsHash: string
+  readonly occurrence: number
+  readonly status: StepStatus
+  readonly idempotency: string
+  readonly argsRaw: string | undefined
+  readonly resultRaw: string | undefined
+  readonly errorRaw: string | undefined
+  readonly startedAtMs?: number | undefined
+  readonly completedAtMs?: number | undefined
+}
+
+/**
+ * An approval (PROTOCOL 9, 11.12).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ApprovalRecord {
+  readonly id: string
+  readonly stepId: string
+  readonly executionId: string
+  readonly status: ApprovalStatus
+  /** `null` when the rule set none; `[]` stays `[]`. */
+  readonly approvers: ReadonlyArray<string> | null
+  readonly message: string
+  readonly timeoutAtMs: number
+  /** `""` when not decided. */
+  readonly decidedBy: string
+  readonly decidedAtMs?: number | undefined
+  /** `""` when none. */
+  readonly rationale: string
+  readonly createdAtMs: number
+}
+
+/**
+ * One event of an execution's log. `payload` is JSON text with sorted keys.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface EventRecord {
+  readonly executionId: string
+  readonly seq: number
+  readonly type: string
+  readonly payload: string
+  readonly occurredAtMs: number
+}
+
+/**
+ * Read access to an execution's event log, which only grows.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface EventLogView {
+  /** The number of events so far (the last one's `seq`). */
+  readonly length: number
+  /** The events with index in `[from, to)`, i.e. seq `from + 1` to `to`. */
+  readonly slice: (from: number, to?: number) => Array<EventRecord>
+}
+
+/**
+ * A snapshot of a dispatch (PROTOCOL 5.1).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface DispatchRecord {
+  readonly id: string
+  readonly executionId: string
+  readonly status: DispatchStatus
+  readonly attempt: number
+  readonly maxAttempts: number
+  readonly nextAttemptAtMs: number
+  readonly lockedAtMs: number | undefined
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export type DecisionValue = DecisionKind
+
+/**
+ * A step decision (PROTOCOL 7.1). Optional members are absent when empty;
+ * `resultRaw`/`errorRaw` are present exactly when a value is stored.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Decision {
+  readonly decision: DecisionValue
+  readonly stepId?: string
+  readonly resultRaw?: string
+  readonly errorRaw?: string
+  readonly approvalId?: string
+  readonly reason?: string
+}
+
+/**
+ * The lease a run presents (PROTOCOL 5.6). `dispatchId` is canonical lowercase.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Lease {
+  readonly dispatchId: string
+  /** `undefined` only in v0.14.0 compat mode. */
+  readonly attempt: number | undefined
+}
+
+/**
+ * A claimed dispatch, ready to be delivered.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Claim {
+  readonly dispatchId: string
+  readonly executionId: string
+  readonly attempt: number
+  readonly agent: AgentRecord
+  readonly leaseTimeoutSeconds: number
+}
+
+/**
+ * A live delta (PROTOCOL 6.6); never stored.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Delta {
+  readonly stepId: string
+  readonly seq: number
+  readonly data: string
+}
+
+/**
+ * A page of executions (PROTOCOL 11.3).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ExecutionPage {
+  readonly executions: ReadonlyArray<ExecutionRecord>
+  readonly nextCursor: string | undefined
+}
+
+// ---------------------------------------------------------------------------
+// Failures and terminal states
+// ---------------------------------------------------------------------------
+
+/**
+ * `404 not_found` (`"not found"`).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const notFound = (): KernelFailure => new KernelFailure({ status: 404, code: "not_found", message: "not found" })
+
+/**
+ * `409 lease_superseded`: the lease presented is not the dispatch's current one (5.6).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const leaseSuperseded = (): KernelFailure =>
+  new KernelFailure({ status: 409, code: "lease_superseded", message: "dispatch lease superseded" })
+
+/**
+ * `409 execution_terminal`: the execution has finished.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const executionTerminal = (): KernelFailure =>
+  new KernelFailure({ status: 409, code: "execution_terminal", message: "execution terminal" })
+
+/**
+ * `409 conflict`: an id already taken, an approval already decided.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const conflict = (): KernelFailure => new KernelFailure({ status: 409, code: "conflict", message: "conflict" })
+
+/**
+ * `400 validation_error` with the given message.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const validation = (message: string): KernelFailure =>
+  new KernelFailure({ status: 400, code: "validation_error", message })
+
+/**
+ * Whether an execution has finished: `completed`, `failed` or `cancelled`.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const isTerminalExecution = (status: ExecutionStatus): boolean =>
+  status === "completed" || status === "failed" || status === "cancelled"
+
+/**
+ * Whether a step is settled: `succeeded`, `failed`, `denied` or `cancelled`.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const isTerminalStep = (status: StepStatus): boolean =>
+  status === "succeeded" || status === "failed" || status === "denied" || status === "cancelled"

@@ -1,0 +1,36 @@
+/**
+ * The state of one kernel core, as the core's transitions see it: the current
+ * settings and the tables of agents, executions, dispatches and approvals,
+ * plus the rate limiter's buckets. Every transition takes it and the current
+ * time, and runs synchronously.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import type * as RateLimiter from "../RateLimiter.js"
+import type { AgentTable } from "./agents.js"
+import type { ApprovalTable } from "./approvalTable.js"
+import type { DispatchQueue } from "./dispatchQueue.js"
+import type { ExecutionTable } from "./executions.js"
+import type { Settings } from "./model.js"
+
+/**
+ * @since 0.1.0
+ * @internal
+ */
+export interface CoreState {
+  settings: Settings
+  readonly agents: AgentTable
+  readonly executions: ExecutionTable
+  readonly dispatches: DispatchQueue
+  readonly approvals: ApprovalTable
+  readonly limiter: RateLimiter.RateLimiter
+}
+
+/**
+ * Whether the core emulates a v0.14.0 kernel: no attempts, no fencing (17.A).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const compatMode = (state: CoreState): boolean => state.settings.compat === "v0.14.0"

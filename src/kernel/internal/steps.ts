@@ -1,0 +1,321 @@
+/**
+ * Steps in the kernel core: the submit algorithm (PROTOCOL 7.3) with step
+ * identity and per-dispatch occurrence counters (8.2, 8.4), the answer for an
+ * existing step (7.4), policy and rate limits for a new one and how it is
+ * recorded (7.5), and settling a step as succeeded or failed (6.4, 6.5).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+import * as StepId from "../../StepId.js"
+import * as Policy from "../Policy.js"
+import * as RateLimiter from "../RateLimiter.js"
+import * as Approvals from "./approvals.js"
+import type { DispatchState } from "./dispatchQueue.js"
+import type { ExecState } from "./executions.js"
+import { flat } from "./flat.js"
+import type { Decision, DecisionValue, Lease, StepRecord } from "./model.js"
+import {
+  isTerminalExecution,
+  isTerminalStep,
+  KernelFailure,
+  leaseSuperseded,
+  notFound,
+  validation
+} from "./model.js"
+import * as Payload from "./payloads.js"
+import type { CoreState } from "./state.js"
+import { compatMode } from "./state.js"
+import { StepState } from "./stepState.js"
+import { compactRaw, deniedReason, isIndeterminateError } from "./storedJson.js"
+
+/**
+ * A step submission as the routes decode it (7.3). `argsRaw` is the raw text
+ * of `args` (absent = `undefined`).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export interface Submission {
+  readonly kind: string
+  readonly target: string
+  readonly argsRaw: string | undefined
+  readonly idempotency: string
+}
+
+const counterKey = (kind: string, target: string, argsHash: string): string =>
+  flat(kind.length + ":" + kind + target.length + ":" + target + argsHash)
+
+const indeterminateRetry: Policy.PolicyResult = {
+  decision: "deny",
+  ruleId: "__indeterminate_retry",
+  reason: "prior attempt outcome unknown; retry refused",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+const agentLookupFailed: Policy.PolicyResult = {
+  decision: "deny",
+  ruleId: "bundle-error",
+  reason: "agent_lookup_failed",
+  approval: undefined,
+  rateLimit: undefined
+}
+
+const EXECUTION_TERMINAL: Decision = { decision: "execution_terminal" }
+const EXECUTION_BLOCKED: Decision = { decision: "execution_blocked" }
+const RECORDED: Decision = { decision: "recorded" }
+const REPLAY_EMPTY: Decision = { decision: "replay" }
+const RATE_LIMITED: Decision = { decision: "rate_limited", reason: "rate_limit_exceeded" }
+const LIMITER_UNAVAILABLE: Decision = { decision: "rate_limited", reason: "rate_limiter_unavailable" }
+
+const withStepId = (decision: DecisionValue, stepId: string): Decision => ({ decision, stepId })
+
+/** Mark a step's counter key as having an unknown outcome (7.3 step 10). */
+const markIndeterminate = (ex: ExecState, step: StepState): void => {
+  ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
+}
+
+/** Record a new step, next in the execution's order. */
+const addStep = (ex: ExecState, d: DispatchState, step: StepState): void => {
+  ex.steps.set(step.stepId, step)
+  ex.order.push(step)
+  d.counters.cursor = ex.order.length
+}
+
+/** 7.4: answer for an existing step. */
+const replayExisting = (
+  state: CoreState,
+  ex: ExecState,
+  step: StepState,
+  idempotency: string,
+  now: number
+): Decision => {
+  switch (step.status) {
+    case "succeeded":
+      return step.resultRaw === undefined
+        ? withStepId("replay", step.stepId)
+        : { decision: "replay", stepId: step.stepId, resultRaw: step.resultRaw }
+    case "failed":
+      return step.errorRaw === undefined
+        ? withStepId("replay", step.stepId)
+        : { decision: "replay", stepId: step.stepId, errorRaw: step.errorRaw }
+    case "awaiting_approval": {
+      const approvalId = state.approvals.pendingFor(step.stepId)
+      return approvalId === undefined
+        ? withStepId("blocked", step.stepId)
+        : { decision: "blocked", stepId: step.stepId, approvalId }
+    }
+    case "allowed":
+    case "proposed":
+      step.set("executing", step.resultRaw, step.errorRaw, now, step.completedAtMs)
+      ex.events.pushStep("step.executing", now, step)
+      return withStepId("proceed", step.stepId)
+    case "executing":
+      if (idempotency === "at_most_once") {
+        step.set("failed", step.resultRaw, Payload.indeterminateError, step.startedAtMs, now)
+        ex.events.pushStep("step.failed", now, step, { error: Payload.indeterminateError })
+        markIndeterminate(ex, step)
+        return { decision: "replay", stepId: step.stepId, errorRaw: Payload.indeterminateError }
+      }
+      return withStepId("proceed", step.stepId)
+    case "denied":
+      return { decision: "denied", stepId: step.stepId, reason: deniedReason(step.errorRaw) }
+    default:
+      return withStepId("proceed", step.stepId)
+  }
+}
+
+/**
+ * PROTOCOL 7.3, in its exact order: execution, lease (RENEW; the v0.14.0
+ * checks in compat mode), step identity, an existing step (7.4), a blocked
+ * execution, policy, rate limit, and recording the new step (7.5).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const submit = (
+  state: CoreState,
+  now: number,
+  executionId: string,
+  lease: Lease,
+  s: Submission
+): Decision | KernelFailure => {
+  const idempotency = s.idempotency === "" ? "safe_to_retry" : s.idempotency
+  const compat = compatMode(state)
+  const ex = state.executions.byId.get(executionId)
+  if (compat && ex !== undefined) state.dispatches.touchAll(ex.dispatches, now)
+  if (ex === undefined) return notFound()
+  if (isTerminalExecution(ex.record.status)) return EXECUTION_TERMINAL
+  let d: DispatchState | undefined
+  if (compat) {
+    d = state.dispatches.byId.get(lease.dispatchId)
+    if (d === undefined) return validation("validation error: unknown dispatch_id")
+    if (d.executionId !== executionId) return validation("validation error: dispatch_id belongs to another execution")
+  } else {
+    d = state.dispatches.renewLease(executionId, lease, now)
+    if (d === undefined) return leaseSuperseded()
+  }
+
+  // A run that replays submits its recorded steps again, in order: when this
+  // submission is the expected step's text again, that step's hash (and, at the
+  // same occurrence, its id) is this one's, and nothing needs hashing.
+  const expected = ex.order[d.counters.cursor]
+  const same = expected !== undefined && expected.submittedArgsRaw === s.argsRaw && expected.kind === s.kind &&
+    expected.target === s.target
+  const argsHash = same ? expected.argsHash : StepId.argsHash(s.argsRaw)
+  const counter = d.counters.counter(s.kind, s.target, argsHash)
+  const occurrence = counter.last + 1
+  const stepId = same && expected.occurrence === occurrence
+    ? expected.stepId
+    : StepId.make({ executionId, kind: s.kind, target: s.target, argsHash, occurrence })
+
+  const existing = same && expected.stepId === stepId ? expected : ex.steps.get(stepId)
+  if (existing !== undefined) {
+    const decision = replayExisting(state, ex, existing, idempotency, now)
+    counter.last = occurrence
+    d.counters.cursor = existing.position + 1
+    return decision
+  }
+  if (ex.record.status === "blocked") return EXECUTION_BLOCKED
+
+  let result: Policy.PolicyResult
+  if (idempotency === "at_most_once" && ex.indeterminate?.has(counterKey(s.kind, s.target, argsHash)) === true) {
+    result = indeterminateRetry
+  } else {
+    const agent = state.agents.get(ex.record.agentId)
+    result = agent === undefined ? agentLookupFailed : Policy.evaluate(agent.policy, {
+      agentId: ex.record.agentId,
+      kind: s.kind,
+      target: s.target,
+      argsRaw: s.argsRaw
+    })
+  }
+
+  const limit = result.rateLimit
+  if (limit !== undefined && limit.maxCalls > 0 && limit.windowMs > 0) {
+    if (state.settings.limiterError) {
+      if (limit.onLimiterError === "deny") return LIMITER_UNAVAILABLE
+    } else if (
+      !state.limiter.take(
+        RateLimiter.bucketKey(result.ruleId, limit.perWhat, ex.record.agentId, executionId),
+        limit,
+        now
+      )
+    ) {
+      return RATE_LIMITED
+    }
+  }
+
+  const argsRaw = compactRaw(s.argsRaw)
+  const created = new StepState(
+    stepId,
+    executionId,
+    s.kind,
+    s.target,
+    argsHash,
+    occurrence,
+    idempotency,
+    argsRaw,
+    s.argsRaw,
+    ex.order.length
+  )
+  let decision: Decision
+  switch (result.decision) {
+    case "allow": {
+      created.set("executing", undefined, undefined, now, undefined)
+      addStep(ex, d, created)
+      ex.events.pushStep("step.proposed", now, created)
+      ex.events.pushStep("step.allowed", now, created, { ruleId: result.ruleId })
+      ex.events.pushStep("step.executing", now, created)
+      decision = withStepId("proceed", stepId)
+      break
+    }
+    case "deny": {
+      const error = Payload.denialError(result.reason || "policy_denied", result.ruleId)
+      created.set("denied", undefined, error, undefined, now)
+      addStep(ex, d, created)
+      ex.events.pushStep("step.proposed", now, created)
+      ex.events.pushStep("step.denied", now, created, { error, ruleId: result.ruleId, omitEmptyTarget: true })
+      decision = result.reason === ""
+        ? withStepId("denied", stepId)
+        : { decision: "denied", stepId, reason: result.reason }
+      break
+    }
+    case "require_approval": {
+      created.set("awaiting_approval", undefined, undefined, undefined, undefined)
+      addStep(ex, d, created)
+      ex.events.pushStep("step.proposed", now, created)
+      ex.events.pushStep("step.awaiting_approval", now, created, { ruleId: result.ruleId })
+      const approval = Approvals.request(state, ex, stepId, result.approval, now)
+      decision = { decision: "blocked", stepId, approvalId: approval.id }
+      break
+    }
+    default:
+      return new KernelFailure({
+        status: 500,
+        code: "internal_error",
+        message: "unknown policy decision: " + result.decision
+      })
+  }
+  counter.last = occurrence
+  return decision
+}
+
+/**
+ * 6.4 / 6.5: settle an executing step as `succeeded` (storing `raw` as its
+ * result) or `failed` (as its error); a settled step replays what it stored.
+ * The lease is CHECKed, not renewed (not in compat mode).
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const settle = (
+  state: CoreState,
+  now: number,
+  executionId: string,
+  stepId: string,
+  lease: Lease,
+  outcome: "succeeded" | "failed",
+  raw: string | undefined
+): Decision | KernelFailure => {
+  const ex = state.executions.byId.get(executionId)
+  const step = ex?.steps.get(stepId)
+  if (ex === undefined || step === undefined) return notFound()
+  if (isTerminalExecution(ex.record.status)) return EXECUTION_TERMINAL
+  if (isTerminalStep(step.status)) {
+    const stored = outcome === "succeeded" ? step.resultRaw : step.errorRaw
+    if (stored === undefined) return REPLAY_EMPTY
+    return outcome === "succeeded"
+      ? { decision: "replay", resultRaw: stored }
+      : { decision: "replay", errorRaw: stored }
+  }
+  if (!compatMode(state) && !state.dispatches.checkLease(executionId, lease)) return leaseSuperseded()
+  const value = compactRaw(raw)
+  if (outcome === "succeeded") {
+    step.set("succeeded", value, step.errorRaw, step.startedAtMs, now)
+    ex.events.pushStep("step.succeeded", now, step)
+  } else {
+    step.set("failed", step.resultRaw, value, step.startedAtMs, now)
+    ex.events.pushStep("step.failed", now, step, { error: value })
+    if (isIndeterminateError(value)) markIndeterminate(ex, step)
+  }
+  return RECORDED
+}
+
+/**
+ * The steps of an execution sorted by `step_id` (terminal ones only, if
+ * asked); empty for an unknown execution.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const list = (state: CoreState, executionId: string, terminalOnly: boolean): ReadonlyArray<StepRecord> => {
+  const ex = state.executions.byId.get(executionId)
+  if (ex === undefined) return []
+  const steps: Array<StepRecord> = []
+  for (const step of ex.steps.values()) {
+    if (!terminalOnly || isTerminalStep(step.status)) steps.push(step.snapshot())
+  }
+  return steps.sort((a, b) => (a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0))
+}

@@ -1,0 +1,97 @@
+/**
+ * The clients of the test kit, wired to the embedded kernel's core without a
+ * socket: the agents' `KernelClient` (the direct client, or the real HTTP
+ * client over the kernel's routes in-process), the backend's `Client`, and an
+ * `HttpClient` that answers from the routes. Every agent call passes through
+ * the kit's interceptor.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+import { Effect } from "effect"
+import { HttpClient } from "effect/http"
+import * as Client from "../../Client.js"
+import type * as Core from "../../kernel/Core.js"
+import * as Routes from "../../kernel/Routes.js"
+import * as KernelClient from "../../KernelClient.js"
+import type { Activity } from "./activity.js"
+import * as DirectClient from "./directClient.js"
+import * as InMemoryHttp from "./inMemoryHttp.js"
+
+/**
+ * The base URL the in-process clients use; never dialled.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const inProcessUrl = "http://test-kernel.invalid"
+
+/**
+ * The clients of a kit.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface Clients {
+  readonly kernelClient: KernelClient.KernelClient.Service
+  readonly client: Client.Client.Service
+  /** An `HttpClient` that answers from the kernel's routes in-process. */
+  readonly httpClient: HttpClient.HttpClient
+}
+
+/** Count every call of `service` as in flight while it runs. */
+const countedClient = (
+  service: KernelClient.KernelClient.Service,
+  activity: Activity
+): KernelClient.KernelClient.Service => {
+  const counted = activity.countInFlight
+  return {
+    secret: service.secret,
+    getExecution: (caller, executionId) => counted(service.getExecution(caller, executionId)),
+    submitStep: (caller, executionId, s) => counted(service.submitStep(caller, executionId, s)),
+    completeStep: (caller, executionId, stepId, result) => counted(service.completeStep(caller, executionId, stepId, result)),
+    failStep: (caller, executionId, stepId, message) => counted(service.failStep(caller, executionId, stepId, message)),
+    failStepJson: (caller, executionId, stepId, error) => counted(service.failStepJson(caller, executionId, stepId, error)),
+    publishDelta: service.publishDelta,
+    heartbeat: (caller, executionId) => counted(service.heartbeat(caller, executionId)),
+    completeExecution: (caller, executionId, output) => counted(service.completeExecution(caller, executionId, output)),
+    failExecution: (caller, executionId, reason) => counted(service.failExecution(caller, executionId, reason))
+  }
+}
+
+/**
+ * Make the clients of a kit over `core`.
+ *
+ * - `"direct"` calls the core without serialising; `"http"` sends the exact
+ *   signed bytes through the kernel's routes in-process.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const make = (options: {
+  readonly core: Core.KernelCore
+  readonly secret: string
+  readonly transport: "direct" | "http"
+  readonly interceptor: DirectClient.Interceptor
+  readonly activity: Activity
+}): Effect.Effect<Clients> =>
+  Effect.gen(function*() {
+    const { core, interceptor, secret } = options
+    const routes = Routes.make(core)
+    const httpClient = InMemoryHttp.make(routes)
+    // The direct client counts the calls that can suspend itself; over HTTP every call is counted.
+    const kernelClient = options.transport === "http"
+      ? countedClient(
+        yield* KernelClient.make({ baseUrl: inProcessUrl, secret }).pipe(
+          Effect.provideService(HttpClient.HttpClient, InMemoryHttp.make(routes, interceptor)),
+          Effect.orDie
+        ),
+        options.activity
+      )
+      : DirectClient.make(core, secret, interceptor)
+    const client = yield* Client.make({ baseUrl: inProcessUrl }).pipe(
+      Effect.provideService(HttpClient.HttpClient, httpClient),
+      Effect.orDie
+    )
+    return { kernelClient, client, httpClient }
+  })

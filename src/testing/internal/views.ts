@@ -1,0 +1,120 @@
+/**
+ * What a client sees of the embedded kernel's core, as the test kit reports
+ * it: executions, steps, events and approvals decoded through their exact
+ * wire encoding, and the {@link RunResult} of a settled execution.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+import { Array as Arr, Effect } from "effect"
+import type * as Core from "../../kernel/Core.js"
+import * as Wire from "../../kernel/Wire.js"
+import * as Protocol from "../../Protocol.js"
+import type { KernelCall, RunResult } from "../TestKernel.js"
+import { fromWire } from "./directClient.js"
+
+const decodeStep = (s: Core.StepRecord): Protocol.Step => fromWire(Protocol.Step, Wire.encodeStep(s))
+const decodeEvent = (e: Core.EventRecord): Protocol.Event => fromWire(Protocol.Event, Wire.encodeEvent(e))
+
+/** An enumerable property computed on first read and kept. */
+const lazyProperty = <A>(compute: () => A): PropertyDescriptor => {
+  let value: { readonly a: A } | undefined
+  return {
+    enumerable: true,
+    get: () => (value ??= { a: compute() }).a
+  }
+}
+
+/**
+ * The execution as a client sees it.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const execution = (
+  core: Core.KernelCore,
+  executionId: string
+): Effect.Effect<Protocol.Execution, Core.KernelFailure> =>
+  Effect.map(core.getExecution(executionId), (r) => fromWire(Protocol.Execution, Wire.encodeExecution(r)))
+
+/**
+ * The execution's steps, sorted by step id as the kernel lists them.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const steps = (core: Core.KernelCore, executionId: string): Effect.Effect<ReadonlyArray<Protocol.Step>> =>
+  Effect.map(core.listSteps(executionId, false), Arr.map(decodeStep))
+
+/**
+ * The execution's whole event log.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const events = (core: Core.KernelCore, executionId: string): Effect.Effect<ReadonlyArray<Protocol.Event>> =>
+  Effect.map(core.eventLog(executionId), Arr.map(decodeEvent))
+
+/**
+ * Pending approvals (all executions, or one).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const approvals = (
+  core: Core.KernelCore,
+  executionId?: string
+): Effect.Effect<ReadonlyArray<Protocol.Approval>> =>
+  Effect.map(
+    core.listApprovals(),
+    (list) =>
+      list
+        .filter((a) => executionId === undefined || a.executionId === executionId)
+        .map((a) => fromWire(Protocol.Approval, Wire.encodeApproval(a)))
+  )
+
+/**
+ * What the kit knows of an execution's runs, beyond the core's records.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface RunFacts {
+  readonly deliveries: number
+  readonly calls: ReadonlyArray<KernelCall>
+  readonly crashed: boolean
+  readonly lapsed: boolean
+}
+
+/**
+ * The execution as it is now, as a {@link RunResult}.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const runResult = (
+  core: Core.KernelCore,
+  executionId: string,
+  facts: (executionId: string) => RunFacts
+): Effect.Effect<RunResult, Core.KernelFailure> =>
+  Effect.gen(function*() {
+    const current = yield* execution(core, executionId)
+    // Steps are copied now and events counted now (the log only grows); both
+    // are decoded through the wire on first use: most tests never read them all.
+    const stepRecords = yield* core.listSteps(executionId, false)
+    const log = core.unsafeEventLog(executionId)
+    const eventCount = log?.length ?? 0
+    const result: Omit<RunResult, "steps" | "events"> = {
+      executionId,
+      status: current.status as Protocol.ExecutionStatus,
+      output: current.output,
+      failureReason: current.failureReason,
+      execution: current,
+      approvals: yield* approvals(core, executionId),
+      ...facts(executionId)
+    }
+    return Object.defineProperties(result as RunResult, {
+      steps: lazyProperty(() => stepRecords.map(decodeStep)),
+      events: lazyProperty(() => (log?.slice(0, eventCount) ?? []).map(decodeEvent))
+    })
+  })

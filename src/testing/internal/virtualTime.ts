@@ -1,0 +1,118 @@
+/**
+ * Settling an execution on virtual time: the test kit drives the kernel as
+ * the embedded kernel's loop would — a dispatcher tick on a 2 s grid of
+ * virtual time, and at once after an enqueue — lets the agents' processes run
+ * until nothing moves, then moves the `TestClock` straight to the next thing
+ * that can happen: a sleep of a run ending (heartbeats, backoffs, the agent's
+ * own sleeps, all on the kit's tracked clock), or a tick with kernel work
+ * due (a retry, a lease expiry, an approval timeout). Idle stretches are
+ * skipped in one step.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+import { Clock, Duration, Effect } from "effect"
+import type * as Core from "../../kernel/Core.js"
+import * as Dispatcher from "../../kernel/Dispatcher.js"
+import * as Protocol from "../../Protocol.js"
+import type { RunOptions, RunResult } from "../TestKernel.js"
+import { type Activity, yieldRound } from "./activity.js"
+import type { Faults } from "./faults.js"
+import { leaseTimeoutOf, type Processes } from "./processes.js"
+import type { TrackedClock } from "./trackedClock.js"
+
+/**
+ * Make the `settle` of a kit.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const makeSettle = (options: {
+  readonly core: Core.KernelCore
+  readonly dispatcher: Dispatcher.Dispatcher
+  readonly clock: TrackedClock
+  readonly activity: Activity
+  readonly processes: Processes
+  readonly faults: Faults
+  readonly result: (executionId: string) => Effect.Effect<RunResult, Core.KernelFailure>
+}): (executionId: string, runOptions?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure> => {
+  const { activity, clock, core, dispatcher, faults, processes } = options
+
+  /** Yield until nothing moves: no call made or answered for a few rounds (longer while calls are in flight). */
+  const drain = Effect.gen(function*() {
+    let idle = 0
+    while (true) {
+      const before = activity.progress
+      yield* yieldRound
+      if (activity.progress !== before) {
+        idle = 0
+        continue
+      }
+      if (activity.inFlight <= 0 && (yield* processes.activeRuns) === 0) return
+      idle++
+      if (idle >= (activity.inFlight > 0 ? 24 : 3)) return
+    }
+  })
+
+  /** The earliest virtual time at which a tick would have something to do (`Infinity` if never). */
+  const kernelDue = (now: number): Effect.Effect<number> =>
+    Effect.gen(function*() {
+      let due = Infinity
+      for (const d of yield* core.dispatches()) {
+        if (d.status === "pending" || d.status === "failed") {
+          due = Math.min(due, d.nextAttemptAtMs)
+        } else if (d.status === "in_flight" && d.lockedAtMs !== undefined) {
+          due = Math.min(due, d.lockedAtMs + (yield* leaseTimeoutOf(core, d.executionId)) + 1)
+        }
+      }
+      for (const approval of yield* core.listApprovals()) due = Math.min(due, approval.timeoutAtMs)
+      if (core.settings.deadlineMs !== undefined) due = Math.min(due, now + 1)
+      return due
+    })
+
+  /** A dispatch enqueued since the last tick: the kernel's loop would tick at once. */
+  const freshlyEnqueued = (now: number): Effect.Effect<boolean> =>
+    Effect.map(
+      core.dispatches(),
+      (list) => list.some((d) => d.status === "pending" && d.attempt === 0 && d.nextAttemptAtMs <= now)
+    )
+
+  return (executionId, runOptions) =>
+    Effect.gen(function*() {
+      faults.arm(executionId, runOptions)
+      const tickMs = Dispatcher.defaults.tickIntervalMs
+      const start = yield* Clock.currentTimeMillis
+      const deadline = start + Duration.toMillis(Duration.fromInputUnsafe(runOptions?.timeout ?? Duration.hours(1)))
+      let lastTick: number | undefined
+      while (true) {
+        const now = yield* Clock.currentTimeMillis
+        let tickNow = ((now - start) % tickMs === 0 && lastTick !== now) || (yield* freshlyEnqueued(now))
+        if (faults.expiryRequested()) {
+          // A crashed or stalled run asked for its lease to lapse at once.
+          faults.clearExpiryRequests()
+          yield* core.expireLeases()
+          tickNow = true
+        }
+        if (tickNow) {
+          lastTick = now
+          yield* dispatcher.tick
+        }
+        yield* drain
+        if (faults.expiryRequested()) continue
+        const record = yield* core.getExecution(executionId)
+        const settled = Protocol.isTerminalStatus(record.status) || record.status === "blocked"
+        if (settled && (yield* processes.activeRuns) === 0) break
+        const current = yield* Clock.currentTimeMillis
+        if (current >= deadline) break
+        // Move virtual time to the next thing that can happen: a sleep ending, or a
+        // tick (on the 2 s grid) with kernel work due.
+        const due = yield* kernelDue(current)
+        const gridAfter = (t: number) => start + Math.ceil((Math.max(t, current + 1) - start) / tickMs) * tickMs
+        const sleeps = clock.pendingSleeps().filter((t) => t > current)
+        let next = Math.min(Number.isFinite(due) ? gridAfter(due) : Infinity, ...sleeps)
+        if (!Number.isFinite(next)) next = gridAfter(current + 1)
+        yield* clock.adjust(Duration.millis(Math.min(next, deadline) - current))
+      }
+      return yield* options.result(executionId)
+    }).pipe(Effect.provideService(Clock.Clock, clock))
+}
