@@ -18,7 +18,9 @@ import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as HttpServerError from "effect/http/HttpServerError"
 import * as Option from "effect/Option"
+import * as Predicate from "effect/Predicate"
 import * as Runtime from "effect/Runtime"
 import * as KernelConfig from "../kernel/Config.js"
 import * as Kernel from "../kernel/index.js"
@@ -75,11 +77,10 @@ const devFlags = {
 /** The one line printed on stderr when `dev` cannot start. */
 const describeFailure = (error: unknown): string =>
   error instanceof Config.ConfigError
-    ? `invalid configuration ${String(error)}`
-    : typeof error === "object" && error !== null && "_tag" in error && error._tag === "ServeError" &&
-        "cause" in error
+    ? `invalid configuration (${error.cause.message})`
+    : error instanceof HttpServerError.ServeError
     ? `cannot listen: ${error.cause instanceof Error ? error.cause.message : String(error.cause)}`
-    : typeof error === "object" && error !== null && "message" in error
+    : Predicate.hasProperty(error, "message")
     ? String(error.message)
     : String(error)
 
