@@ -8,7 +8,7 @@
  *
  * Works unchanged on the embedded and the reference kernel:
  *
- *   npm run kernel -- dev --config examples/rebuno.dev.yaml   # or: rebuno dev --config examples/rebuno.dev.yaml
+ *   npm run kernel -- dev --config examples/rebuno.dev.yaml   # or: rebuno dev --config examples/rebuno.v0.14.yaml
  *   npx tsx examples/approval.ts
  *
  *   REBUNO_URL (default http://localhost:8080), AGENT_PORT (default 5001),

@@ -7,7 +7,7 @@
  *   AGENT_PORT          webhook port         (default 5000)
  *
  * Run a kernel (`npm run kernel -- dev --config examples/rebuno.dev.yaml`, or
- * the reference `rebuno dev --config examples/rebuno.dev.yaml`), then
+ * the reference `rebuno dev --config examples/rebuno.v0.14.yaml`), then
  * `npx tsx examples/hello.ts`, then create an execution:
  *
  *   curl -s localhost:8080/v0/executions -d '{"agent_id":"hello","input":{"query":"hello world"}}'

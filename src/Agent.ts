@@ -1,25 +1,37 @@
 /**
  * Agents and their dispatch runtime. `Agent.make` pairs an id with a handler
- * (and optional input / output schemas); the runtime turns signed webhooks
- * from the kernel into runs (PROTOCOL.md 14.2, 14.3): verify (401), parse (400),
- * deduplicate or supersede per execution, ack 200 at once, then in the
- * background heartbeat for the whole run, fetch the execution (skipping
- * terminal ones), decode the input, run the handler with the `Execution`
- * context provided, and report the outcome — never for a run that recorded a
- * signal (`Blocked`, `Terminated`, `LeaseSuperseded`, `Abandoned`), even when
- * the handler swallowed it. Serve it with `Agent.serve` (Node HTTP server) or
- * `Agent.layer` (the `HttpServer` in context), mount it with `Agent.toHttpApp`,
- * or use `Agent.toWebHandler` for any `Request → Response` host.
+ * (and optional input / output / state schemas and a description); the
+ * runtime turns signed webhooks from the kernel into runs (PROTOCOL.md 14.2,
+ * 14.3): verify (401), parse (400), deduplicate or supersede per execution,
+ * ack 200 at once, then in the background heartbeat for the whole run, fetch
+ * the execution (skipping terminal ones), decode the input, run the handler
+ * with the `Execution` context provided and its `Session` as second argument,
+ * and report the outcome (with the new session state, PROTOCOL-CURRENT C.4.5)
+ * — never for a run that recorded a signal (`Blocked`, `Terminated`,
+ * `LeaseSuperseded`, `Abandoned`), even when the handler swallowed it.
+ *
+ * The runtime also publishes the agent's metadata — its description and the
+ * JSON Schemas of its input and output — with `PUT
+ * /v0/agents/{id}/metadata` (PROTOCOL-CURRENT C.3): at start-up under
+ * `Agent.serve` / `Agent.layer`, else on the first verified webhook. A
+ * failure is one log line and never stops the agent; after a connection
+ * error or a timeout the next verified webhook tries again, after any other
+ * failure (a kernel without the route answers `404`) it is not retried.
+ *
+ * Serve it with `Agent.serve` (Node HTTP server) or `Agent.layer` (the
+ * `HttpServer` in context), mount it with `Agent.toHttpApp`, or use
+ * `Agent.toWebHandler` for any `Request → Response` host.
  *
  * @since 0.1.0
  */
-import { NodeHttpServer } from "@effect/platform-node"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import {
   Cause,
   Context,
   Effect,
   Exit,
   FiberMap,
+  JsonSchema,
   Layer,
   ManagedRuntime,
   Option,
@@ -36,7 +48,8 @@ import { Execution, fromRunState } from "./Execution.js"
 import { KernelClient } from "./KernelClient.js"
 import type { Caller } from "./KernelClient.js"
 import * as Protocol from "./Protocol.js"
-import { Abandoned, isRunSignal, KernelError, LeaseSuperseded } from "./RebunoError.js"
+import { Abandoned, isRunSignal, KernelError, LeaseSuperseded, StepDecodeError } from "./RebunoError.js"
+import * as Session from "./Session.js"
 import * as Signature from "./Signature.js"
 import { decodeRefusal, failureReason, inputInvalid } from "./internal/run/failureReason.js"
 import { stringifyStrict } from "./internal/wire/json.js"
@@ -47,31 +60,58 @@ import type { RunState } from "./internal/run/runtime.js"
 import { isTransportFailure } from "./internal/http/exchange.js"
 
 /**
- * An agent: its id, its handler and optional schemas for its input and output.
- * `R` is what the handler needs besides `Execution`.
+ * An agent: its id, its handler and optional schemas for its input, output
+ * and session state. `R` is what the handler needs besides `Execution`; `S`
+ * is the type of its session state (`unknown` without a `state` Schema).
  *
  * @since 0.1.0
  * @category models
  */
-export interface Agent<In, A, E, R> {
+export interface Agent<In, A, E, R, S = any> {
   readonly id: string
+  /**
+   * What the agent does, published with its metadata (PROTOCOL-CURRENT C.3).
+   *
+   * @since 0.2.0
+   */
+  readonly description: string | undefined
   /** Decodes the execution's input (its decoding services are part of `R`). */
   readonly inputSchema: Schema.Decoder<In, R> | undefined
   /** Encodes the handler's value (its encoding services are part of `R`). */
   readonly outputSchema: Schema.Codec<A, unknown, unknown, R> | undefined
-  readonly handler: (input: In) => Effect.Effect<A, E, R | Execution>
+  /**
+   * Decodes the previous session state and encodes the new one (its services
+   * are part of `R`).
+   *
+   * @since 0.2.0
+   */
+  readonly stateSchema: Schema.Codec<S, unknown, R, R> | undefined
+  readonly handler: (
+    input: In,
+    session: Session.Session<S>
+  ) => Effect.Effect<A | Session.WithState<A, S>, E, R | Execution>
 }
 
 /**
- * Define an agent. Without an `input` schema the handler gets the raw JSON
- * input; with one, an input that does not decode fails the execution with
- * `input_invalid: <issues joined by "; ">` before the handler runs. With an
- * `output` schema the handler's value is encoded before it is posted.
+ * Define an agent.
+ *
+ * - `input`: without it the handler gets the raw JSON input; with it, an input
+ *   that does not decode fails the execution with
+ *   `input_invalid: <issues joined by "; ">` before the handler runs.
+ * - `output`: the handler's value is encoded with it before it is posted.
+ * - `state`: the type of the agent's session state (PROTOCOL-CURRENT C.4):
+ *   the handler's second argument, a {@link Session.Session}, reads the
+ *   previous state decoded with it (`yield* session.previous`), and a handler
+ *   that returns `session.withState(output, state)` stores `state`, encoded
+ *   with it, for the next execution of the session.
+ * - `description`: what the agent does; published with the JSON Schemas of
+ *   `input` and `output` as the agent's metadata (PROTOCOL-CURRENT C.3).
  *
  * @example
  * ```ts
  * const researcher = Agent.make({
  *   id: "researcher",
+ *   description: "Searches the web for a prompt",
  *   input: Schema.Struct({ prompt: Schema.String }),
  *   handler: ({ prompt }) => search({ query: prompt })
  * })
@@ -80,18 +120,33 @@ export interface Agent<In, A, E, R> {
  * @since 0.1.0
  * @category constructors
  */
-export const make = <In = unknown, A = void, E = never, R = never, RI = never, RO = never>(
+export const make = <
+  In = unknown,
+  A = void,
+  E = never,
+  R = never,
+  RI = never,
+  RO = never,
+  S = unknown,
+  RS = never
+>(
   options: {
     readonly id: string
+    /** @since 0.2.0 */
+    readonly description?: string | undefined
     readonly input?: Schema.Decoder<In, RI> | undefined
     readonly output?: Schema.Codec<A, unknown, unknown, RO> | undefined
-    readonly handler: (input: In) => Effect.Effect<A, E, R>
+    /** @since 0.2.0 */
+    readonly state?: Schema.Codec<S, unknown, RS, RS> | undefined
+    readonly handler: (input: In, session: Session.Session<S>) => Effect.Effect<A | Session.WithState<A, S>, E, R>
   }
-): Agent<In, A, E, Exclude<R, Execution> | RI | RO> => ({
+): Agent<In, A, E, Exclude<R, Execution> | RI | RO | RS, S> => ({
   id: options.id,
+  description: options.description,
   inputSchema: options.input,
   outputSchema: options.output,
-  handler: options.handler as (input: In) => Effect.Effect<A, E, Exclude<R, Execution> | RI | RO | Execution>
+  stateSchema: options.state,
+  handler: options.handler as Agent<In, A, E, Exclude<R, Execution> | RI | RO | RS, S>["handler"]
 })
 
 /**
@@ -120,6 +175,15 @@ export interface AgentRuntime {
    * An accepted run continues in the background.
    */
   readonly handleWebhook: (request: WebhookRequest) => Effect.Effect<number>
+  /**
+   * Publish the agent's metadata (PROTOCOL-CURRENT C.3) in the background,
+   * unless it is published, being published, or was refused for good. Every
+   * verified webhook calls it; `Agent.serve` and `Agent.layer` also call it
+   * at start-up.
+   *
+   * @since 0.2.0
+   */
+  readonly publishMetadata: Effect.Effect<void>
   /** The number of runs in progress. */
   readonly activeRuns: Effect.Effect<number>
   /** Wait until no run is in progress. */
@@ -178,6 +242,7 @@ export const runtime = <In, A, E, R>(
     >
     const runs = yield* FiberMap.make<string, void, never>()
     const active = new Map<string, ActiveRun>()
+    const publishMetadata = yield* metadataPublisher(agent, kernel)
 
     const handleWebhook = (request: WebhookRequest): Effect.Effect<number> =>
       Effect.gen(function*() {
@@ -186,6 +251,8 @@ export const runtime = <In, A, E, R>(
         const text = decodeBody(request.body)
         const notice = text === undefined ? undefined : Protocol.decodeWebhookNotice(text)
         if (notice === undefined) return 400
+        if (kernel.observeWebhook !== undefined) yield* kernel.observeWebhook(notice)
+        yield* publishMetadata
         const caller: Caller = {
           agentId: agent.id,
           lease: { dispatchId: notice.dispatchId, attempt: notice.dispatchAttempt }
@@ -238,9 +305,81 @@ export const runtime = <In, A, E, R>(
     return {
       agentId: agent.id,
       handleWebhook,
+      publishMetadata,
       activeRuns: FiberMap.size(runs),
       awaitIdle: FiberMap.awaitEmpty(runs)
     }
+  })
+
+/** The JSON Schema of a schema (draft 2020-12, `$defs` when it has definitions), or `null` when it has none. */
+const jsonSchemaOf = (schema: Schema.Top | undefined): unknown => {
+  if (schema === undefined) return null
+  try {
+    const document = Schema.toJsonSchemaDocument(schema)
+    const definitions = Object.keys(document.definitions).length === 0 ? {} : { $defs: document.definitions }
+    return { $schema: JsonSchema.META_SCHEMA_URI_DRAFT_2020_12, ...document.schema, ...definitions }
+  } catch {
+    // A schema with no JSON Schema form (a declaration without one): publish none.
+    return null
+  }
+}
+
+/**
+ * The agent's metadata (PROTOCOL-CURRENT C.3.1): its description and the JSON
+ * Schemas of its input and output as sent (their encoded side).
+ *
+ * @since 0.2.0
+ * @category runtime
+ */
+export const metadataOf = (agent: Agent<any, any, any, any>): Protocol.AgentMetadataBody => ({
+  description: agent.description ?? null,
+  inputSchema: jsonSchemaOf(agent.inputSchema),
+  outputSchema: jsonSchemaOf(agent.outputSchema)
+})
+
+/**
+ * `publishMetadata` of a runtime (PROTOCOL-CURRENT C.3.2): one attempt at a
+ * time in the background; after a transport failure (connection error,
+ * timeout) the next call tries again, after anything else — success or an
+ * error answer — it is never sent again. A failure is one log line.
+ */
+const metadataPublisher = (
+  agent: Agent<any, any, any, any>,
+  kernel: KernelClient.Service
+): Effect.Effect<Effect.Effect<void>, never, Scope.Scope> =>
+  Effect.map(Effect.scope, (scope) => {
+    let state: "pending" | "publishing" | "settled" = "pending"
+    const attempt = Effect.suspend((): Effect.Effect<void> => {
+      const publish = kernel.publishMetadata
+      if (publish === undefined) {
+        state = "settled"
+        return Effect.logDebug("this KernelClient does not publish agent metadata")
+      }
+      return publish(agent.id, metadataOf(agent)).pipe(
+        Effect.matchEffect({
+          onSuccess: () => {
+            state = "settled"
+            return Effect.logDebug("agent metadata published")
+          },
+          onFailure: (error) => {
+            if (isTransportFailure(error) && error.reason._tag === "TransportError") {
+              state = "pending"
+              return Effect.logWarning("publishing agent metadata failed; the next webhook tries again", error)
+            }
+            state = "settled"
+            return error.status === 404
+              ? Effect.logInfo("the kernel does not take agent metadata (404); not sent again")
+              : Effect.logWarning("publishing agent metadata failed; not sent again", error)
+          }
+        }),
+        Effect.annotateLogs({ "rebuno.agent_id": agent.id })
+      )
+    })
+    return Effect.suspend(() => {
+      if (state !== "pending") return Effect.void
+      state = "publishing"
+      return Effect.asVoid(Effect.forkIn(attempt, scope))
+    })
   })
 
 /** The heartbeat fiber of a run (5.8). Only `lease_superseded` stops the run. */
@@ -259,8 +398,8 @@ const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<never
   )
 
 /** One run (14.3 steps 2–6). */
-const runOnce = <In, A, E, R>(
-  agent: Agent<In, A, E, R>,
+const runOnce = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
   state: RunState,
   notice: Protocol.WebhookNotice
 ): Effect.Effect<void, never, R> =>
@@ -304,9 +443,49 @@ const runOnce = <In, A, E, R>(
       leaseTimeoutSeconds: notice.leaseTimeoutSeconds,
       input: execution.input
     })
-    const exit = yield* Effect.exit(Effect.provideService(agent.handler(input), Execution, service))
+    const session = Session.make({
+      id: execution.session,
+      parentExecutionId: execution.parentExecutionId,
+      previous: readPrevious(agent, state, yield* Effect.context<R>())
+    })
+    const exit = yield* Effect.exit(Effect.provideService(agent.handler(input, session), Execution, service))
     yield* report(agent, state, exit)
   }).pipe(Effect.scoped)
+
+/**
+ * `session.previous` of a run: `GET …/previous` (PROTOCOL-CURRENT C.4.6), the
+ * state decoded with the agent's `state` Schema; `null` is `Option.none()`.
+ */
+const readPrevious = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
+  state: RunState,
+  context: Context.Context<R>
+): Effect.Effect<Option.Option<S>, Session.PreviousError> =>
+  Effect.suspend(() => {
+    const previous = state.client.previous
+    if (previous === undefined) {
+      return Effect.die(new Error("the KernelClient in use cannot read the previous state (it has no `previous` call)"))
+    }
+    return Effect.flatMap(
+      previous({ agentId: agent.id }, state.executionId),
+      (json): Effect.Effect<Option.Option<S>, Session.PreviousError> => {
+        if (json === null) return Effect.succeed(Option.none())
+        const schema = agent.stateSchema
+        if (schema === undefined) return Effect.succeed(Option.some(json as S))
+        return Schema.decodeUnknownEffect(schema)(json, { reportInput: true }).pipe(
+          Effect.map(Option.some),
+          Effect.mapError((error) =>
+            new StepDecodeError({
+              target: "previous",
+              stepId: "",
+              description: `previous state does not decode: ${error.message}`
+            })
+          ),
+          Effect.provideContext(context)
+        )
+      }
+    )
+  })
 
 /** An outcome post: `lease_superseded` means done; other failures are logged. */
 const post = (call: Effect.Effect<void, KernelError | LeaseSuperseded>): Effect.Effect<void> =>
@@ -317,10 +496,10 @@ const post = (call: Effect.Effect<void, KernelError | LeaseSuperseded>): Effect.
 const interruptedOnly = (cause: Cause.Cause<unknown>): boolean => cause.reasons.every(Cause.isInterruptReason)
 
 /** 14.5: map the handler's outcome to a kernel call, applying the suspension backstop. */
-const report = <In, A, E, R>(
-  agent: Agent<In, A, E, R>,
+const report = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
   state: RunState,
-  exit: Exit.Exit<A, E>
+  exit: Exit.Exit<A | Session.WithState<A, S>, E>
 ): Effect.Effect<void, never, R> =>
   Effect.gen(function*() {
     if (Exit.isFailure(exit) && interruptedOnly(exit.cause)) return
@@ -336,26 +515,57 @@ const report = <In, A, E, R>(
     }
     if (Option.isSome(yield* Ref.get(state.signal))) return
     yield* Ref.set(state.finishing, true)
-    const encoded = yield* encodeOutput(agent, exit.value)
+    const value = exit.value
+    const withState = Session.isWithState(value)
+    const output = yield* encodeOutput(agent, withState ? value.output as A : value)
+    const stored = withState ? yield* encodeState(agent, value.state) : undefined
+    const failed = output._tag === "Fail" ? output : stored?._tag === "Fail" ? stored : undefined
     yield* post(
-      encoded._tag === "Ok" ?
-        state.client.completeExecution(state.caller, state.executionId, encoded.json) :
-        state.client.failExecution(state.caller, state.executionId, encoded.reason)
+      failed === undefined ?
+        state.client.completeExecution(
+          state.caller,
+          state.executionId,
+          output._tag === "Ok" ? output.json : undefined,
+          stored?._tag === "Ok" ? stored.json : undefined
+        ) :
+        state.client.failExecution(state.caller, state.executionId, failed.reason)
     )
   })
 
-const encodeOutput = <In, A, E, R>(
-  agent: Agent<In, A, E, R>,
+type Encoded = { readonly _tag: "Ok"; readonly json: string | undefined } | {
+  readonly _tag: "Fail"
+  readonly reason: string
+}
+
+/** The JSON text of an encoded value (`undefined` for none), or the failure reason when it is not JSON. */
+const encoded = (what: string) => (value: unknown): Encoded => {
+  if (value === undefined) return { _tag: "Ok", json: undefined }
+  const checked = stringifyStrict(value)
+  return checked._tag === "Ok" ?
+    { _tag: "Ok", json: checked.json } :
+    { _tag: "Fail", reason: `agent_error: TypeError: ${what} is not JSON at ${checked.path}: ${checked.reason}` }
+}
+
+const encodeOutput = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
   value: A
-): Effect.Effect<{ readonly _tag: "Ok"; readonly json: string | undefined } | { readonly _tag: "Fail"; readonly reason: string }, never, R> =>
+): Effect.Effect<Encoded, never, R> =>
   (agent.outputSchema === undefined ? Effect.succeed<unknown>(value) : Schema.encodeEffect(agent.outputSchema)(value)).pipe(
-    Effect.map((output) => {
-      if (output === undefined) return { _tag: "Ok", json: undefined } as const
-      const checked = stringifyStrict(output)
-      return checked._tag === "Ok" ?
-        { _tag: "Ok", json: checked.json } as const :
-        { _tag: "Fail", reason: `agent_error: TypeError: output is not JSON at ${checked.path}: ${checked.reason}` } as const
-    }),
+    Effect.map(encoded("output")),
+    Effect.catch((error) => Effect.succeed({ _tag: "Fail", reason: failureReason(error) } as const))
+  )
+
+/**
+ * The session state to store (PROTOCOL-CURRENT C.4.5), encoded with the
+ * agent's `state` Schema; a state that encodes to `null` is not sent (as the
+ * Python SDK omits `None`): the kernel would not store it anyway.
+ */
+const encodeState = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
+  value: unknown
+): Effect.Effect<Encoded, never, R> =>
+  (agent.stateSchema === undefined ? Effect.succeed<unknown>(value) : Schema.encodeEffect(agent.stateSchema)(value as S)).pipe(
+    Effect.map((state) => encoded("state")(state === null ? undefined : state)),
     Effect.catch((error) => Effect.succeed({ _tag: "Fail", reason: failureReason(error) } as const))
   )
 
@@ -488,7 +698,10 @@ export const layer = <In, A, E, R>(
   Layer.effectDiscard(
     Effect.gen(function*() {
       const path = options?.path ?? "/webhook"
-      const app = yield* toHttpApp(agent)
+      const rt = yield* runtime(agent)
+      const app = httpAppFor(rt)
+      // Start-up publication of the metadata (PROTOCOL-CURRENT C.3.2), in the background.
+      yield* rt.publishMetadata
       const routed = Effect.gen(function*() {
         const request = yield* HttpServerRequest.HttpServerRequest
         const queryAt = request.url.indexOf("?")

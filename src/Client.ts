@@ -1,9 +1,11 @@
 /**
  * The Rebuno client for backends and operators (PROTOCOL.md 11, 14.9, 15.2):
- * create, read, list and cancel executions; read events page by page or follow
- * them as a `Stream` until the execution ends; watch live deltas over SSE; read
- * steps; list and decide approvals; and administer agents and their policy
- * bundles.
+ * create, read, list and cancel executions (with sessions, idempotency keys and
+ * subagent bindings, PROTOCOL-CURRENT C.4, C.5); read an execution's previous
+ * state; read events page by page or follow them as a `Stream` until the
+ * execution ends; watch live deltas over SSE; read steps; list and decide
+ * approvals; administer agents, their policy bundles and scoped API keys
+ * (C.9.2).
  *
  * Requests carry `Authorization: Bearer <apiKey>` when an API key is configured
  * (option, else `REBUNO_API_KEY`) and no `Authorization` header otherwise (a dev
@@ -24,7 +26,20 @@
  *
  * @since 0.1.0
  */
-import { Config, ConfigProvider, Context, Duration, Effect, Layer, Option, Redacted, Result, Schema, Stream } from "effect"
+import {
+  Config,
+  ConfigProvider,
+  Context,
+  Duration,
+  Effect,
+  Layer,
+  Option,
+  Redacted,
+  Result,
+  Schema,
+  SchemaGetter,
+  Stream
+} from "effect"
 import { HttpBody, HttpClient, HttpClientRequest } from "effect/http"
 import * as Http from "./internal/http/exchange.js"
 import { stringifyStrict } from "./internal/wire/json.js"
@@ -40,6 +55,8 @@ import { InvalidArguments, KernelError } from "./RebunoError.js"
 export interface ListOptions {
   /** Only executions of this agent. */
   readonly agentId?: string | undefined
+  /** Only executions of this session, exactly (PROTOCOL-CURRENT C.4.7; current-stage kernels). */
+  readonly session?: string | undefined
   /** Only executions in this status. */
   readonly status?: Protocol.ExecutionStatus | (string & {}) | undefined
   /** The `nextCursor` of the previous page, exactly as received. */
@@ -94,6 +111,174 @@ export interface AgentRegistration {
   readonly id: string
   readonly webhookUrl: string
   readonly secret: Redacted.Redacted<string> | string
+  /**
+   * The agent's lease timeout in seconds (PROTOCOL-CURRENT C.10; the kernel
+   * ignores values under 10). Sent only when given: kernels before the current
+   * stage refuse the member with `400 validation_error`.
+   *
+   * @since 0.2.0
+   */
+  readonly leaseTimeoutSeconds?: number | undefined
+}
+
+/**
+ * The step of a parent execution that a child execution is bound to
+ * (PROTOCOL-CURRENT C.5.1): the child settles that step when it ends.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface SpawnedBy {
+  readonly executionId: string
+  readonly stepId: string
+}
+
+/**
+ * Options of {@link Client.Service.create}. Every member is omitted from the
+ * request when absent or empty.
+ *
+ * - `session`, `idempotencyKey`, `parentExecutionId` and `spawnedBy` are
+ *   members of the current stage (PROTOCOL-CURRENT C.4.1, C.5.1); older kernels
+ *   refuse them with `400 validation_error`.
+ * - `agentVersion` is a member of the seed stage and v0.14.0 only: a
+ *   current-stage kernel decodes the create body strictly and answers
+ *   `400 validation_error` to it (C.10, C.13). Leave it out unless the kernel
+ *   is an older one.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CreateOptions {
+  /**
+   * The session label (at most 256 bytes, not blank): executions of one session
+   * run one at a time, oldest first, and each reads the state its predecessor
+   * left (C.4.3, C.4.4).
+   */
+  readonly session?: string | undefined
+  /**
+   * Create at most one execution per agent for this key: a repeated create
+   * answers the execution that already has it (C.4.1 step 4). With a key (or a
+   * `spawnedBy`, whose step id becomes the key) the create is retried on
+   * transport failures, since a repeat cannot create a second execution.
+   */
+  readonly idempotencyKey?: string | undefined
+  /** An explicit parent: a `completed` execution of the same agent, whose state `previous` reads (C.4.1 step 5). */
+  readonly parentExecutionId?: string | undefined
+  /** Bind the new execution as a child of this executing step (C.5.1). */
+  readonly spawnedBy?: SpawnedBy | undefined
+  /**
+   * The agent version label of older kernels (seed stage, v0.14.0). **Never
+   * send it to a current-stage kernel**: it answers `400 validation_error`.
+   */
+  readonly agentVersion?: string | undefined
+}
+
+/**
+ * The scopes of an API key (PROTOCOL-CURRENT C.9.1). Write does not imply
+ * read; `api_keys:manage` administers keys.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type ApiKeyScope =
+  | "executions:read"
+  | "executions:write"
+  | "approvals:read"
+  | "approvals:write"
+  | "agents:read"
+  | "agents:write"
+  | "policies:write"
+  | "api_keys:manage"
+
+/** A string member: absent or `null` decodes as `""` (PROTOCOL.md 11.12 leniency). */
+const lenientString = Schema.optionalKey(Schema.NullOr(Schema.String)).pipe(
+  Schema.decodeTo(Schema.String, {
+    decode: SchemaGetter.transformOptional((o: Option.Option<string | null>) =>
+      Option.orElseSome(Option.filter(o, (s): s is string => s !== null), () => "")
+    ),
+    encode: SchemaGetter.required()
+  })
+)
+
+/** A string member omitted when empty: absent, `null` and `""` decode as absent. */
+const nonEmptyString = Schema.optionalKey(Schema.NullOr(Schema.String)).pipe(
+  Schema.decodeTo(Schema.optionalKey(Schema.String), {
+    decode: SchemaGetter.transformOptional((o: Option.Option<string | null>) =>
+      Option.filter(o, (s): s is string => s !== null && s !== "")
+    ),
+    encode: SchemaGetter.transformOptional((o: Option.Option<string>) => o)
+  })
+)
+
+/** A list of strings: absent or `null` decodes as `[]`. */
+const lenientStrings = Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.String))).pipe(
+  Schema.decodeTo(Schema.Array(Schema.String), {
+    decode: SchemaGetter.transformOptional((o: Option.Option<ReadonlyArray<string> | null>) =>
+      Option.orElseSome(Option.filter(o, (l): l is ReadonlyArray<string> => l !== null), () => [])
+    ),
+    encode: SchemaGetter.required()
+  })
+)
+
+/**
+ * An API key as listed (`GET /v0/api-keys`, PROTOCOL-CURRENT C.9.2):
+ * `{"id","name","scopes","created_at"[,"revoked_at"]}`. Decoded leniently like
+ * the `Protocol` objects: unknown members are ignored, missing strings are
+ * `""`, `revokedAt` is absent while the key is live. The token is never listed.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const ApiKey = Schema.Struct({
+  id: lenientString,
+  name: lenientString,
+  scopes: lenientStrings,
+  createdAt: lenientString,
+  revokedAt: nonEmptyString
+}).pipe(Schema.encodeKeys({ createdAt: "created_at", revokedAt: "revoked_at" }))
+
+/**
+ * A decoded API key.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ApiKey extends Schema.Schema.Type<typeof ApiKey> {}
+
+/**
+ * The answer of create and rotate (PROTOCOL-CURRENT C.9.2): the key and its
+ * token, `rbk_<id>.<secret>`, which the kernel shows only this once. The token
+ * is decoded straight into a `Redacted`, so logging the key never prints it.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const ApiKeyWithToken = Schema.Struct({
+  id: lenientString,
+  name: lenientString,
+  scopes: lenientStrings,
+  createdAt: lenientString,
+  token: Schema.RedactedFromValue(Schema.String)
+}).pipe(Schema.encodeKeys({ createdAt: "created_at" }))
+
+/**
+ * A decoded API key with its token.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ApiKeyWithToken extends Schema.Schema.Type<typeof ApiKeyWithToken> {}
+
+/**
+ * A new API key (`POST /v0/api-keys`): a name (1–200 bytes once trimmed) and
+ * at least one scope.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ApiKeyRequest {
+  readonly name: string
+  readonly scopes: ReadonlyArray<ApiKeyScope | (string & {})>
 }
 
 /**
@@ -110,21 +295,42 @@ export declare namespace Client {
   export interface Service {
     /**
      * `POST /v0/executions`; `input` is omitted when `undefined` and must be
-     * JSON (`InvalidArguments` otherwise, before anything is sent). Never
-     * retried.
+     * JSON (`InvalidArguments` otherwise, before anything is sent). The
+     * options (session, idempotency key, parent, subagent binding) are sent
+     * only when given and non-empty ({@link CreateOptions}). Not retried —
+     * a retry could create a second execution — unless an idempotency key
+     * (or `spawnedBy`) makes a repeat safe.
      */
     readonly create: (
       agentId: string,
       input?: unknown,
-      options?: { readonly agentVersion?: string | undefined }
+      options?: CreateOptions
     ) => Effect.Effect<Protocol.Execution, KernelError | InvalidArguments>
     /** `GET /v0/executions/{id}`. */
     readonly get: (executionId: string) => Effect.Effect<Protocol.Execution, KernelError>
+    /**
+     * `GET /v0/executions/{id}/previous` (PROTOCOL-CURRENT C.4.6): the state
+     * the execution starts from — its parent's stored `state`, else the
+     * parent's `output`, `null` without a parent. Current-stage kernels only
+     * (older ones answer `404`).
+     *
+     * @since 0.2.0
+     */
+    readonly previous: (executionId: string) => Effect.Effect<unknown, KernelError>
     /** One page of `GET /v0/executions` (newest first). */
     readonly list: (options?: ListOptions) => Effect.Effect<Protocol.ExecutionPage, KernelError>
     /** Every execution matching the filters, fetching page after page as the stream is pulled. */
     readonly listAll: (options?: ListOptions) => Stream.Stream<Protocol.Execution, KernelError>
-    /** `POST /v0/executions/{id}/cancel`; an already terminal execution counts as done. */
+    /**
+     * `POST /v0/executions/{id}/cancel`.
+     *
+     * Cancelling an execution that is already terminal is an error on a
+     * current-stage kernel: `409 conflict` (PROTOCOL-CURRENT C.10), a
+     * `KernelError` with a `StatusError` reason — unless an earlier try of
+     * this call was lost in transit and the execution now reads `cancelled`
+     * (that try's success). Seed and v0.14.0 kernels answer
+     * `409 execution_terminal`, which counts as done, as it always has.
+     */
     readonly cancel: (executionId: string) => Effect.Effect<void, KernelError>
     /** One page of `GET /v0/executions/{id}/events` (ascending `eventSeq`). */
     readonly events: (
@@ -167,6 +373,35 @@ export declare namespace Client {
     readonly deleteAgent: (agentId: string) => Effect.Effect<void, KernelError>
     /** `POST /v0/policies/{agent_id}` with the raw YAML bundle; `""` removes the policy. */
     readonly loadPolicy: (agentId: string, bundle: string) => Effect.Effect<void, KernelError>
+    /**
+     * `POST /v0/api-keys` (PROTOCOL-CURRENT C.9.2, scope `api_keys:manage`):
+     * a new key and its token, shown only this once. Never retried (a retry
+     * could create a second key).
+     *
+     * @since 0.2.0
+     */
+    readonly createApiKey: (request: ApiKeyRequest) => Effect.Effect<ApiKeyWithToken, KernelError>
+    /**
+     * `GET /v0/api-keys`: every key, revoked ones included (with `revokedAt`).
+     *
+     * @since 0.2.0
+     */
+    readonly listApiKeys: () => Effect.Effect<ReadonlyArray<ApiKey>, KernelError>
+    /**
+     * `POST /v0/api-keys/{id}/rotate`: the same key with a new token (the old
+     * token stops working). A revoked key is `409 conflict`, an unknown one
+     * `404`. Retried on transport failures: a repeat only rotates again, and
+     * the token answered last is the valid one.
+     *
+     * @since 0.2.0
+     */
+    readonly rotateApiKey: (keyId: string) => Effect.Effect<ApiKeyWithToken, KernelError>
+    /**
+     * `DELETE /v0/api-keys/{id}`: revoke the key (`204`, repeatable).
+     *
+     * @since 0.2.0
+     */
+    readonly deleteApiKey: (keyId: string) => Effect.Effect<void, KernelError>
   }
 }
 
@@ -237,6 +472,9 @@ const decodeApproval = Http.jsonDecoder(Protocol.Approval)
 const decodeAgents = Http.jsonDecoder(Protocol.NullableList(Protocol.Agent))
 const decodeAgent = Http.jsonDecoder(Protocol.Agent)
 const decodeLiveDelta = Schema.decodeUnknownResult(Protocol.LiveDelta)
+const decodeApiKeys = Http.jsonDecoder(Protocol.NullableList(ApiKey))
+const decodeApiKeyWithToken = Http.jsonDecoder(ApiKeyWithToken)
+const decodePrevious = Http.jsonDecoder(Schema.Struct({ state: Schema.optionalKey(Schema.Unknown) }))
 
 const DEFAULT_EVENTS_PAGE = 100
 const MAX_EVENTS_PAGE = 1000
@@ -246,6 +484,8 @@ const clampEventsLimit = (limit: number | undefined): number =>
   limit === undefined || !(limit >= 1) ? DEFAULT_EVENTS_PAGE : Math.min(Math.floor(limit), MAX_EVENTS_PAGE)
 
 const seg = encodeURIComponent
+
+const nonEmpty = (s: string | undefined): s is string => s !== undefined && s !== ""
 
 const query = (params: ReadonlyArray<readonly [string, string | number | undefined]>): string => {
   let out = ""
@@ -330,6 +570,7 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
           "GET",
           "/v0/executions" + query([
             ["agent_id", options?.agentId],
+            ["session", options?.session],
             ["status", options?.status],
             ["cursor", options?.cursor],
             ["limit", options?.limit]
@@ -347,6 +588,35 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
         ),
         decodeEvents
       ).pipe(Http.retryTransport, span("events", { "rebuno.execution_id": executionId }))
+
+    /**
+     * Cancel. `409 execution_terminal` (seed stage, v0.14.0) counts as done. A
+     * current-stage kernel answers `409 conflict` instead (PROTOCOL-CURRENT
+     * C.10), which stays an error — except after a try lost in transit, when
+     * the execution reading `cancelled` shows that try succeeded.
+     */
+    const cancel = (executionId: string) =>
+      Effect.suspend(() => {
+        let uncertain = false
+        const attempt = exchange(
+          request("POST", executionPath(executionId) + "/cancel"),
+          unit,
+          (failure) => failure.code === "execution_terminal" ? Option.some(undefined) : Option.none()
+        ).pipe(
+          Effect.tapError((e) =>
+            Effect.sync(() => {
+              if (Http.isTransportFailure(e)) uncertain = true
+            })
+          ),
+          Http.retryTransport
+        )
+        return Effect.catchIf(
+          attempt,
+          (e) => uncertain && e.reason._tag === "StatusError" && e.code === "conflict",
+          (e) => Effect.flatMap(get(executionId), (execution) =>
+            execution.status === "cancelled" ? Effect.void : Effect.fail(e))
+        )
+      }).pipe(span("cancel", { "rebuno.execution_id": executionId }))
 
     const getApproval = (approvalId: string) =>
       exchange(request("GET", "/v0/approvals/" + seg(approvalId)), decodeApproval).pipe(
@@ -469,11 +739,31 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
             }
             body += ",\"input\":" + encoded.json
           }
-          if (options?.agentVersion !== undefined) body += ",\"agent_version\":" + JSON.stringify(options.agentVersion)
+          if (nonEmpty(options?.session)) body += ",\"session\":" + JSON.stringify(options.session)
+          if (nonEmpty(options?.parentExecutionId)) {
+            body += ",\"parent_execution_id\":" + JSON.stringify(options.parentExecutionId)
+          }
+          if (nonEmpty(options?.idempotencyKey)) {
+            body += ",\"idempotency_key\":" + JSON.stringify(options.idempotencyKey)
+          }
+          const spawnedBy = options?.spawnedBy
+          if (spawnedBy !== undefined) {
+            body += ",\"spawned_by\":{\"execution_id\":" + JSON.stringify(spawnedBy.executionId) +
+              ",\"step_id\":" + JSON.stringify(spawnedBy.stepId) + "}"
+          }
+          if (nonEmpty(options?.agentVersion)) body += ",\"agent_version\":" + JSON.stringify(options.agentVersion)
           body += "}"
-          return exchange(request("POST", "/v0/executions", body), decodeExecution)
+          const send = exchange(request("POST", "/v0/executions", body), decodeExecution)
+          // A repeat with an idempotency key answers the execution the first try created (C.4.1 step 4).
+          return nonEmpty(options?.idempotencyKey) || spawnedBy !== undefined ? Http.retryTransport(send) : send
         }).pipe(span("create", { "rebuno.agent_id": agentId })),
       get,
+      previous: (executionId) =>
+        exchange(request("GET", executionPath(executionId) + "/previous"), decodePrevious).pipe(
+          Effect.map((answer) => answer.state ?? null),
+          Http.retryTransport,
+          span("previous", { "rebuno.execution_id": executionId })
+        ),
       list,
       listAll: (options) =>
         Stream.paginate<string | undefined, Protocol.Execution, KernelError>(
@@ -485,12 +775,7 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
                 page.nextCursor === undefined ? Option.none() : Option.some(page.nextCursor)
               ] as const)
         ),
-      cancel: (executionId) =>
-        exchange(
-          request("POST", executionPath(executionId) + "/cancel"),
-          unit,
-          (failure) => failure.code === "execution_terminal" ? Option.some(undefined) : Option.none()
-        ).pipe(Http.retryTransport, span("cancel", { "rebuno.execution_id": executionId })),
+      cancel,
       events,
       follow,
       deltas,
@@ -517,7 +802,16 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
           const secret = Redacted.isRedacted(registration.secret)
             ? Redacted.value(registration.secret)
             : registration.secret
-          const body = JSON.stringify({ id: registration.id, webhook_url: registration.webhookUrl, secret })
+          const body = JSON.stringify(
+            registration.leaseTimeoutSeconds === undefined
+              ? { id: registration.id, webhook_url: registration.webhookUrl, secret }
+              : {
+                id: registration.id,
+                webhook_url: registration.webhookUrl,
+                secret,
+                lease_timeout_seconds: registration.leaseTimeoutSeconds
+              }
+          )
           return exchange(request("POST", "/v0/agents", body), decodeAgent).pipe(Http.retryTransport)
         }).pipe(span("registerAgent", { "rebuno.agent_id": registration.id })),
       listAgents: () =>
@@ -536,6 +830,23 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
         exchange(request("POST", "/v0/policies/" + seg(agentId), JSON.stringify({ bundle })), unit).pipe(
           Http.retryTransport,
           span("loadPolicy", { "rebuno.agent_id": agentId })
+        ),
+      createApiKey: (keyRequest) =>
+        exchange(
+          request("POST", "/v0/api-keys", JSON.stringify({ name: keyRequest.name, scopes: keyRequest.scopes })),
+          decodeApiKeyWithToken
+        ).pipe(span("createApiKey")),
+      listApiKeys: () =>
+        exchange(request("GET", "/v0/api-keys"), decodeApiKeys).pipe(Http.retryTransport, span("listApiKeys")),
+      rotateApiKey: (keyId) =>
+        exchange(request("POST", "/v0/api-keys/" + seg(keyId) + "/rotate"), decodeApiKeyWithToken).pipe(
+          Http.retryTransport,
+          span("rotateApiKey", { "rebuno.api_key_id": keyId })
+        ),
+      deleteApiKey: (keyId) =>
+        exchange(request("DELETE", "/v0/api-keys/" + seg(keyId)), unit).pipe(
+          Http.retryTransport,
+          span("deleteApiKey", { "rebuno.api_key_id": keyId })
         )
     })
   })

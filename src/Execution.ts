@@ -16,6 +16,7 @@ import type { Caller } from "./KernelClient.js"
 import type { RunSignal } from "./RebunoError.js"
 import { makeRunState } from "./internal/run/runtime.js"
 import type { RunClient, RunState } from "./internal/run/runtime.js"
+import type { Suspension } from "./internal/run/suspension.js"
 
 /**
  * @since 0.1.0
@@ -55,6 +56,15 @@ export declare namespace Execution {
     readonly raise: (signal: RunSignal) => Effect.Effect<void>
     /** Completed when the run has been told to stop. */
     readonly stopped: Deferred.Deferred<void>
+    /**
+     * The run's steps in flight, for the suspension of subagent calls
+     * (PROTOCOL-CURRENT C.5.4). Absent on services built by hand: their steps
+     * are not counted.
+     *
+     * @since 0.2.0
+     * @internal
+     */
+    readonly suspension?: Suspension | undefined
   }
 }
 
@@ -104,7 +114,8 @@ export const fromRunState = (
     kernel: state.client,
     signal: state.signal,
     raise: state.raise,
-    stopped: state.stopped
+    stopped: state.stopped,
+    suspension: state.suspension
   })
 
 /**

@@ -1,13 +1,26 @@
 /**
- * The agent's signed channel to a Rebuno kernel (PROTOCOL.md 6, 14.1, 15.1).
+ * The agent's signed channel to a Rebuno kernel (PROTOCOL.md 6, 14.1, 15.1;
+ * PROTOCOL-CURRENT C.2–C.5).
  *
  * Every call serialises its body once, signs those exact bytes with the agent
- * secret (`Rebuno-Signature: sha256=…`, or the optional `v1=` scheme of 17.B)
- * and sends them with `Rebuno-Agent-Id`; lease routes and the delta stream also
- * carry the run's lease (`Rebuno-Dispatch-Id`, plus `Rebuno-Dispatch-Attempt`
- * when the attempt is known). Redirects are never followed (any status ≥ 300 is
- * an error), every request has a timeout (35 s by default), and retries happen
- * only where section 15 says they are safe — never on a step submission.
+ * secret and sends them with `Rebuno-Agent-Id`; lease routes and the delta
+ * stream also carry the run's lease (`Rebuno-Dispatch-Id`, plus
+ * `Rebuno-Dispatch-Attempt` when the attempt is known). Redirects are never
+ * followed (any status ≥ 300 is an error), every request has a timeout (35 s
+ * by default), and retries happen only where section 15 says they are safe —
+ * never on a step submission.
+ *
+ * **Stages and signatures.** A current-stage kernel accepts only `v1=`
+ * request signatures (PROTOCOL.md 17.B, PROTOCOL-CURRENT C.2.1); the seed
+ * stage and the reference kernel v0.14.0 verify the body-only `sha256=`
+ * signature. The `stage` option (`REBUNO_STAGE` for the `Config` layers)
+ * picks the scheme: `"current"` signs `v1=`, `"seed"` and `"v0.14.0"` sign
+ * `sha256=`, and the default `"auto"` signs `v1=` and falls back to
+ * `sha256=` for the life of the client when it meets an older kernel
+ * (C.13): a webhook without `dispatch_attempt`, or a `401` to the run's
+ * first read (`GET /v0/executions/{id}`, which is safe to repeat) that the
+ * other scheme gets through. The older `signing` option pins a scheme and
+ * wins over `stage`.
  *
  * Two transports send the same bytes. On Node.js the recommended one drives
  * undici's dispatcher directly and needs nothing else:
@@ -23,15 +36,16 @@
  * KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
  * ```
  *
- * The `Config` layers read `REBUNO_URL` and `REBUNO_AGENT_SECRET` (options win
- * over the environment) and fail fast when either is missing or empty. With
+ * The `Config` layers read `REBUNO_URL`, `REBUNO_AGENT_SECRET` and the
+ * optional `REBUNO_STAGE` (options win over the environment) and fail fast
+ * when a required value is missing or empty, or the stage is unknown. With
  * `FetchHttpClient`, provide `FetchHttpClient.RequestInit` with
  * `{ redirect: "manual" }` so that fetch does not follow redirects itself.
  * The test kit provides an in-process implementation of the same service.
  *
  * @since 0.1.0
  */
-import { NodeHttpClient } from "@effect/platform-node"
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Clock, Config, ConfigProvider, Context, Duration, Effect, Layer, Redacted, Result, Schema } from "effect"
 import { Headers, HttpClient } from "effect/http"
 import * as Http from "./internal/http/exchange.js"
@@ -79,6 +93,37 @@ export interface StepSubmission {
 }
 
 /**
+ * Which protocol stage the client speaks (PROTOCOL-CURRENT C.13):
+ *
+ * - `"auto"` (default): sign `v1=`, and fall back to `sha256=` once an older
+ *   kernel shows itself (a webhook without `dispatch_attempt`, or a `401` to
+ *   the run's first read that a `sha256=` signature gets through);
+ * - `"current"`: sign `v1=` only (C.2.1);
+ * - `"seed"`, `"v0.14.0"`: sign the body-only `sha256=` (PROTOCOL.md 3.2).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Stage = "auto" | "current" | "seed" | "v0.14.0"
+
+/**
+ * The stages {@link Stage} names, for validation.
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const stages: ReadonlyArray<Stage> = ["auto", "current", "seed", "v0.14.0"]
+
+/**
+ * A request signature scheme: `v1=` (PROTOCOL.md 17.B) or the body-only
+ * `sha256=` (3.2).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type SigningScheme = "v1" | "sha256"
+
+/**
  * @since 0.1.0
  * @category models
  */
@@ -101,6 +146,72 @@ export declare namespace KernelClient {
   export interface Service {
     /** The agent secret: signs requests and verifies webhooks. */
     readonly secret: Redacted.Redacted<string>
+    /**
+     * The request signature scheme in use now (it changes once when `"auto"`
+     * falls back to `sha256=`, PROTOCOL-CURRENT C.13).
+     *
+     * Optional, like every call added in 0.2.0, so that kernel clients written
+     * for 0.1 still type-check; the HTTP clients and the test kit have them all.
+     *
+     * @since 0.2.0
+     */
+    readonly signingScheme?: Effect.Effect<SigningScheme> | undefined
+    /**
+     * Learn the kernel's stage from a verified webhook (PROTOCOL-CURRENT
+     * C.13): under `"auto"`, a webhook without `dispatch_attempt` comes from a
+     * v0.14.0 kernel, and the client signs `sha256=` from then on. The
+     * dispatch runtime calls it for every webhook whose signature verifies.
+     *
+     * @since 0.2.0
+     */
+    readonly observeWebhook?: ((notice: Protocol.WebhookNotice) => Effect.Effect<void>) | undefined
+    /**
+     * `GET /v0/executions/{id}/previous` (PROTOCOL-CURRENT C.4.6): the `state`
+     * member of the answer, as JSON — the parent's stored state, else its
+     * output, `null` without a parent. Retried on transport failures.
+     *
+     * @since 0.2.0
+     */
+    readonly previous?:
+      | ((caller: { readonly agentId: string }, executionId: string) => Effect.Effect<unknown, KernelError>)
+      | undefined
+    /**
+     * `GET /v0/executions/{id}/steps/{step_id}`, agent-signed (a dual route,
+     * PROTOCOL-CURRENT C.2.1). Retried on transport failures.
+     *
+     * @since 0.2.0
+     */
+    readonly getStep?:
+      | ((
+        caller: { readonly agentId: string },
+        executionId: string,
+        stepId: string
+      ) => Effect.Effect<Protocol.Step, KernelError>)
+      | undefined
+    /**
+     * `POST /v0/executions/{id}/suspend` with the lease and an empty body
+     * (PROTOCOL-CURRENT C.5.2): `true` when the execution now waits on its
+     * children or approvals (the run must end quietly), `false` when nothing
+     * waits any more. `409 lease_superseded` is `LeaseSuperseded`, `409
+     * execution_terminal` is `Terminated`. Retried on transport failures (a
+     * repeat of a suspend that got through answers `lease_superseded`).
+     *
+     * @since 0.2.0
+     */
+    readonly suspend?:
+      | ((caller: Caller, executionId: string) => Effect.Effect<boolean, KernelError | LeaseSuperseded | Terminated>)
+      | undefined
+    /**
+     * `PUT /v0/agents/{agent_id}/metadata` (PROTOCOL-CURRENT C.3): the agent's
+     * description and the JSON Schemas of its input and output, signed as the
+     * agent, without lease headers. One try; any `2xx` is success. Kernels
+     * without the route answer `404`.
+     *
+     * @since 0.2.0
+     */
+    readonly publishMetadata?:
+      | ((agentId: string, metadata: Protocol.AgentMetadataBody) => Effect.Effect<void, KernelError>)
+      | undefined
     /** `GET /v0/executions/{id}` (retried on transport failures). */
     readonly getExecution: (
       caller: { readonly agentId: string },
@@ -146,11 +257,17 @@ export declare namespace KernelClient {
     ) => Effect.Effect<void>
     /** `POST /v0/executions/{id}/heartbeat` (empty signed body, not retried). */
     readonly heartbeat: (caller: Caller, executionId: string) => Effect.Effect<void, KernelError | LeaseSuperseded>
-    /** `POST /v0/executions/{id}/complete` (retried); `409 execution_terminal` counts as done. */
+    /**
+     * `POST /v0/executions/{id}/complete` with `{"output":<outputJson>}` (`{}`
+     * without output) and, when `stateJson` is given, `"state":<stateJson>`
+     * (PROTOCOL-CURRENT C.4.5; the state of a session execution). Retried;
+     * `409 execution_terminal` counts as done.
+     */
     readonly completeExecution: (
       caller: Caller,
       executionId: string,
-      outputJson: string | undefined
+      outputJson: string | undefined,
+      stateJson?: string | undefined
     ) => Effect.Effect<void, KernelError | LeaseSuperseded>
     /** `POST /v0/executions/{id}/fail` with `{"error":<reason>}` (retried); `409 execution_terminal` counts as done. */
     readonly failExecution: (
@@ -182,8 +299,17 @@ export interface Options {
   readonly secret: Redacted.Redacted<string> | string
   /** Per-request timeout (default 35 seconds). */
   readonly timeout?: Duration.Input | undefined
-  /** Request signature scheme: `sha256` (default, PROTOCOL.md 3.2) or `v1` (17.B). */
-  readonly signing?: "sha256" | "v1" | undefined
+  /**
+   * The protocol stage to speak (default `"auto"`): see {@link Stage}.
+   *
+   * @since 0.2.0
+   */
+  readonly stage?: Stage | undefined
+  /**
+   * Pin the request signature scheme: `sha256` (PROTOCOL.md 3.2) or `v1`
+   * (17.B). When given it wins over `stage`, and no fallback happens.
+   */
+  readonly signing?: SigningScheme | undefined
   /**
    * Customise the HTTP client (tracing, proxies, logging). Requests reach it
    * already signed: a transform must not change the method, URL or body.
@@ -261,6 +387,12 @@ const decodeDecision = (reply: Http.Reply): Effect.Effect<Protocol.StepDecision,
 }
 
 const decodeExecution = Http.jsonDecoder(Protocol.Execution)
+const decodeStep = Http.jsonDecoder(Protocol.Step)
+const decodePrevious = Http.jsonDecoder(Protocol.PreviousState)
+const decodeSuspend = Http.jsonDecoder(Protocol.SuspendAnswer)
+
+/** A `401` answer: a signature the kernel did not accept. */
+const isUnauthorized = (error: KernelError): boolean => error.status === 401
 
 const invalid = (path: string, message: string): Effect.Effect<never, Config.ConfigError> =>
   Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: `${path} ${message}` })))
@@ -270,19 +402,28 @@ interface Resolved {
   readonly base: Http.BaseUrl
   readonly secret: Redacted.Redacted<string>
   readonly timeout: Duration.Duration
-  readonly v1: boolean
+  /** The scheme the client starts with. */
+  readonly scheme: SigningScheme
+  /** Whether the client may fall back to `sha256=` (stage `"auto"`, no pinned `signing`). */
+  readonly detect: boolean
 }
+
+/** The scheme a stage starts with. */
+const schemeOf = (stage: Stage): SigningScheme => stage === "seed" || stage === "v0.14.0" ? "sha256" : "v1"
 
 const resolve = (options: Options | UndiciOptions): Effect.Effect<Resolved, Config.ConfigError> => {
   const base = Http.normalizeBaseUrl(options.baseUrl)
   if (Result.isFailure(base)) return invalid("baseUrl", base.failure)
   const secret = Redacted.isRedacted(options.secret) ? options.secret : Redacted.make(options.secret)
   if (Redacted.value(secret) === "") return invalid("secret", "must not be empty")
+  const stage = options.stage ?? "auto"
+  if (!stages.includes(stage)) return invalid("stage", `must be one of ${stages.join(", ")}`)
   return Effect.succeed({
     base: base.success,
     secret,
     timeout: options.timeout === undefined ? defaultTimeout : Duration.fromInputUnsafe(options.timeout),
-    v1: options.signing === "v1"
+    scheme: options.signing ?? schemeOf(stage),
+    detect: options.signing === undefined && stage === "auto"
   })
 }
 
@@ -345,16 +486,26 @@ export const makeUndici: (
 )
 
 const makeService = (resolved: Resolved, transport: Transport.Send): KernelClient.Service => {
-  const { base, secret, v1 } = resolved
+  const { base, detect, secret } = resolved
   const basePath = base.pathname
+  /** The scheme in use; under `"auto"` it changes when an older kernel shows itself (C.13). */
+  let scheme: SigningScheme = resolved.scheme
+
+  const switchTo = (next: SigningScheme, evidence: string): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (scheme === next) return Effect.void
+      scheme = next
+      return Effect.logInfo(`kernel stage detected (${evidence}): signing requests with ${next}= from now on`)
+    })
 
   /** Sign and build one request; runs again for each retry (a fresh `v1` timestamp). */
   const build = (
-    method: "GET" | "POST",
+    method: "GET" | "POST" | "PUT",
     path: string,
     agentId: string,
     lease: Lease | undefined,
-    body: Uint8Array | undefined
+    body: Uint8Array | undefined,
+    signing: SigningScheme
   ): Effect.Effect<Transport.WireRequest> => {
     const dispatchId = lease === undefined ? "" : lease.dispatchId
     const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
@@ -371,7 +522,9 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       }
       return { method, path, headers, body }
     }
-    if (!v1) return Effect.map(Signature.sign(secret, body ?? EMPTY), (signature) => finish(signature, undefined))
+    if (signing === "sha256") {
+      return Effect.map(Signature.sign(secret, body ?? EMPTY), (signature) => finish(signature, undefined))
+    }
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const timestamp = String(Math.floor(now / 1000))
       return Effect.map(
@@ -388,17 +541,21 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     })
   }
 
-  /** One exchange: build, send within the timeout, and split success (< 300) from error answers. */
+  /**
+   * One exchange: build, send within the timeout, and split success (< 300)
+   * from error answers. Signed with the current scheme unless `signing` is given.
+   */
   const exchange = <A, E>(
-    method: "GET" | "POST",
+    method: "GET" | "POST" | "PUT",
     path: string,
     agentId: string,
     lease: Lease | undefined,
     body: Uint8Array | undefined,
     onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>,
-    onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>
+    onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>,
+    signing?: SigningScheme
   ): Effect.Effect<A, KernelError | E> =>
-    build(method, path, agentId, lease, body).pipe(
+    Effect.suspend(() => build(method, path, agentId, lease, body, signing ?? scheme)).pipe(
       Effect.flatMap(transport),
       Effect.flatMap((reply): Effect.Effect<A, KernelError | E> =>
         reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
@@ -448,18 +605,107 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
   const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
     postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
 
+  /** `GET /v0/executions/{id}` signed with `signing` (the current scheme when absent). */
+  const readExecution = (agentId: string, executionId: string, signing?: SigningScheme) =>
+    exchange(
+      "GET",
+      executionPath(executionId),
+      agentId,
+      undefined,
+      undefined,
+      decodeExecution,
+      fail(plainFailure),
+      signing
+    ).pipe(Http.retryTransport)
+
+  /**
+   * The run's first read under `"auto"` (C.13): a `401` may mean the kernel
+   * speaks the other scheme. The read is safe to repeat, so it is repeated
+   * once with the other scheme; only when that gets through does the client
+   * switch (a wrong secret or a skewed clock keeps the scheme and the `401`).
+   */
+  const readExecutionDetecting = (agentId: string, executionId: string) =>
+    Effect.suspend(() => {
+      const tried = scheme
+      const other: SigningScheme = tried === "v1" ? "sha256" : "v1"
+      return Effect.catchIf(
+        readExecution(agentId, executionId, tried),
+        isUnauthorized,
+        (unauthorized) =>
+          readExecution(agentId, executionId, other).pipe(
+            Effect.tap(() => switchTo(other, `a ${tried}= signature got 401, a ${other}= one did not`)),
+            Effect.catchIf(isUnauthorized, () => Effect.fail(unauthorized))
+          )
+      )
+    })
+
   return KernelClient.of({
     secret,
+    signingScheme: Effect.sync(() => scheme),
+    observeWebhook: (notice) =>
+      detect && notice.dispatchAttempt === undefined ?
+        switchTo("sha256", "a webhook without dispatch_attempt") :
+        Effect.void,
     getExecution: (caller, executionId) =>
+      (detect ? readExecutionDetecting(caller.agentId, executionId) : readExecution(caller.agentId, executionId)).pipe(
+        span("getExecution", executionId)
+      ),
+    previous: (caller, executionId) =>
       exchange(
         "GET",
-        executionPath(executionId),
+        executionPath(executionId) + "/previous",
         caller.agentId,
         undefined,
         undefined,
-        decodeExecution,
+        decodePrevious,
         fail(plainFailure)
-      ).pipe(Http.retryTransport, span("getExecution", executionId)),
+      ).pipe(
+        Effect.map((answer) => answer.state),
+        Http.retryTransport,
+        span("previous", executionId)
+      ),
+    getStep: (caller, executionId, stepId) =>
+      exchange(
+        "GET",
+        stepPath(executionId, stepId),
+        caller.agentId,
+        undefined,
+        undefined,
+        decodeStep,
+        fail(plainFailure)
+      ).pipe(Http.retryTransport, span("getStep", executionId, stepId)),
+    suspend: (caller, executionId) =>
+      exchange(
+        "POST",
+        executionPath(executionId) + "/suspend",
+        caller.agentId,
+        caller.lease,
+        EMPTY,
+        decodeSuspend,
+        fail(stepFailure)
+      ).pipe(
+        Effect.map((answer) => answer.suspended),
+        Http.retryTransport,
+        span("suspend", executionId)
+      ),
+    publishMetadata: (agentId, metadata) =>
+      Effect.suspend(() =>
+        exchange(
+          "PUT",
+          "/v0/agents/" + encodeURIComponent(agentId) + "/metadata",
+          agentId,
+          undefined,
+          encoder.encode(
+            "{\"description\":" + JSON.stringify(metadata.description) +
+              ",\"input_schema\":" + jsonOrNull(metadata.inputSchema) +
+              ",\"output_schema\":" + jsonOrNull(metadata.outputSchema) + "}"
+          ),
+          unit,
+          fail(plainFailure)
+        )
+      ).pipe(
+        Tracing.withSpan("KernelClient.publishMetadata", { kind: "client", attributes: { "rebuno.agent_id": agentId } })
+      ),
     submitStep: (caller, executionId, submission) =>
       Effect.suspend(() => {
         const body = encoder.encode(
@@ -505,14 +751,14 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
         unit,
         fail(leaseFailure)
       ).pipe(span("heartbeat", executionId)),
-    completeExecution: (caller, executionId, outputJson) =>
+    completeExecution: (caller, executionId, outputJson, stateJson) =>
       Effect.suspend(() =>
         exchange(
           "POST",
           executionPath(executionId) + "/complete",
           caller.agentId,
           caller.lease,
-          encoder.encode(outputJson === undefined ? "{}" : "{\"output\":" + outputJson + "}"),
+          encoder.encode(completeExecutionBody(outputJson, stateJson)),
           unit,
           outcomeFailure
         ).pipe(Http.retryTransport)
@@ -532,6 +778,17 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
   })
 }
 
+/** A JSON value's text, `null` for `undefined` (metadata members are always present). */
+const jsonOrNull = (value: unknown): string => JSON.stringify(value === undefined ? null : value) ?? "null"
+
+/** `{"output":…[,"state":…]}`; `{}` (or `{"state":…}`) without output (6.8, PROTOCOL-CURRENT C.4.5). */
+const completeExecutionBody = (outputJson: string | undefined, stateJson: string | undefined): string =>
+  outputJson === undefined
+    ? (stateJson === undefined ? "{}" : "{\"state\":" + stateJson + "}")
+    : stateJson === undefined
+    ? "{\"output\":" + outputJson + "}"
+    : "{\"output\":" + outputJson + ",\"state\":" + stateJson + "}"
+
 /**
  * The HTTP kernel client as a Layer.
  *
@@ -542,10 +799,12 @@ export const layer = (options: Options): Layer.Layer<KernelClient, Config.Config
   Layer.effect(KernelClient, make(options))
 
 /**
- * The HTTP kernel client configured from the environment: `REBUNO_URL` and
+ * The HTTP kernel client configured from the environment: `REBUNO_URL`,
  * `REBUNO_AGENT_SECRET` (read with `Config`, the secret straight into a
- * `Redacted`). Options given here win over the environment. Fails with a
- * `ConfigError` when a required value is missing or empty.
+ * `Redacted`) and the optional `REBUNO_STAGE` ({@link Stage}, default
+ * `auto`). Options given here win over the environment. Fails with a
+ * `ConfigError` when a required value is missing or empty, or the stage is
+ * not one of the four.
  *
  * @example
  * ```ts
@@ -563,18 +822,26 @@ export const layerConfig = (
     Effect.flatMap(readConfig(options), (resolved) => make({ ...options, ...resolved }))
   )
 
-/** The base URL and secret: from the options when given, else `REBUNO_URL` and `REBUNO_AGENT_SECRET`. */
+/**
+ * The base URL, secret and stage: from the options when given, else
+ * `REBUNO_URL`, `REBUNO_AGENT_SECRET` and `REBUNO_STAGE` (optional, default
+ * `auto`; any other value than a {@link Stage} fails).
+ */
 const readConfig = (
   options: Partial<UndiciOptions> | undefined
 ): Effect.Effect<
-  { readonly baseUrl: string; readonly secret: Redacted.Redacted<string> | string },
+  { readonly baseUrl: string; readonly secret: Redacted.Redacted<string> | string; readonly stage: Stage },
   Config.ConfigError
 > =>
   Effect.gen(function*() {
     const baseUrl = options?.baseUrl ?? (yield* Config.NonEmptyString("REBUNO_URL"))
     const secret = options?.secret ?? (yield* secretConfig)
-    return { baseUrl, secret }
+    const stage = options?.stage ?? (yield* stageConfig)
+    return { baseUrl, secret, stage }
   })
+
+/** `REBUNO_STAGE`: one of {@link stages}, `auto` when unset. */
+const stageConfig: Config.Config<Stage> = Config.Literals(stages, "REBUNO_STAGE").pipe(Config.withDefault("auto"))
 
 /**
  * `REBUNO_AGENT_SECRET`, non-empty, straight into a `Redacted` (the plain
@@ -607,8 +874,9 @@ export const layerUndici = (options: UndiciOptions): Layer.Layer<KernelClient, C
   Layer.effect(KernelClient, makeUndici(options)).pipe(Layer.provide(NodeHttpClient.layerDispatcher))
 
 /**
- * {@link layerUndici} configured like {@link layerConfig}: `REBUNO_URL` and
- * `REBUNO_AGENT_SECRET`, options winning over the environment.
+ * {@link layerUndici} configured like {@link layerConfig}: `REBUNO_URL`,
+ * `REBUNO_AGENT_SECRET` and `REBUNO_STAGE`, options winning over the
+ * environment.
  *
  * @since 0.1.0
  * @category layers

@@ -63,6 +63,17 @@ const nonEmpty = Schema.optionalKey(Schema.NullOr(Schema.String)).pipe(
   })
 )
 
+/** A member omitted when empty: absent, `null` and values for which `isEmpty` holds decode as absent. */
+const omittedWhen = <S extends Schema.Top>(schema: S, isEmpty: (a: S["Type"]) => boolean) =>
+  Schema.optionalKey(Schema.NullOr(schema)).pipe(
+    Schema.decodeTo(Schema.optionalKey(Schema.toType(schema)), {
+      decode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | null>) =>
+        Option.filter(o, (a): a is S["Type"] => a !== null && !isEmpty(a))
+      ),
+      encode: SchemaGetter.transformOptional((o: Option.Option<S["Type"]>) => o)
+    })
+  )
+
 /** Absent, `null` or rejected by `keep` decodes as `undefined`; any other value must match `schema`. */
 const orAbsent = <S extends Schema.Top>(schema: S, keep: (a: S["Type"]) => boolean = () => true) =>
   Schema.optionalKey(Schema.NullOr(schema)).pipe(
@@ -230,6 +241,27 @@ export const decodeWebhookNotice = (text: string): WebhookNotice | undefined => 
   return { executionId, dispatchId, dispatchAttempt, leaseTimeoutSeconds }
 }
 
+/**
+ * The step of a parent execution that a child execution is bound to
+ * (PROTOCOL-CURRENT C.5.1): `{"execution_id":…,"step_id":…}`. The child
+ * settles that step when it ends.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const SpawnedBy = Schema.Struct({
+  executionId: str,
+  stepId: str
+}).pipe(Schema.encodeKeys({ executionId: "execution_id", stepId: "step_id" }))
+
+/**
+ * A decoded `spawned_by` binding.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface SpawnedBy extends Schema.Schema.Type<typeof SpawnedBy> {}
+
 // ---------------------------------------------------------------------------
 // Request bodies sent by the SDK (PROTOCOL.md 6.0, 11)
 // ---------------------------------------------------------------------------
@@ -281,13 +313,16 @@ export const StreamDeltaBody = Schema.Struct({
 })
 
 /**
- * `POST /v0/executions/{id}/complete` body (6.8): `{"output":…}` or `{}`.
+ * `POST /v0/executions/{id}/complete` body (6.8): `{"output":…}` or `{}`; in
+ * the current stage also `"state":…`, the session state the next execution
+ * of the session reads (PROTOCOL-CURRENT C.4.5; omitted when there is none).
  *
  * @since 0.1.0
  * @category request bodies
  */
 export const CompleteExecutionBody = Schema.Struct({
-  output: optionalJson
+  output: optionalJson,
+  state: optionalJson
 })
 
 /**
@@ -301,8 +336,10 @@ export const FailExecutionBody = Schema.Struct({
 })
 
 /**
- * `POST /v0/executions` body (11.1): `{"agent_id":…,"input":…,"agent_version":…}`
- * (`input` and `agent_version` omitted when absent).
+ * `POST /v0/executions` body (11.1, PROTOCOL-CURRENT C.4.1):
+ * `{"agent_id":…,"input":…}` plus, each omitted when absent, `agent_version`
+ * (seed stage and v0.14.0 only) or the current stage's `session`,
+ * `parent_execution_id`, `idempotency_key` and `spawned_by`.
  *
  * @since 0.1.0
  * @category request bodies
@@ -310,8 +347,40 @@ export const FailExecutionBody = Schema.Struct({
 export const CreateExecutionBody = Schema.Struct({
   agentId: str,
   input: optionalJson,
-  agentVersion: Schema.optionalKey(Schema.String)
-}).pipe(Schema.encodeKeys({ agentId: "agent_id", agentVersion: "agent_version" }))
+  agentVersion: Schema.optionalKey(Schema.String),
+  session: Schema.optionalKey(Schema.String),
+  parentExecutionId: Schema.optionalKey(Schema.String),
+  idempotencyKey: Schema.optionalKey(Schema.String),
+  spawnedBy: Schema.optionalKey(SpawnedBy)
+}).pipe(Schema.encodeKeys({
+  agentId: "agent_id",
+  agentVersion: "agent_version",
+  parentExecutionId: "parent_execution_id",
+  idempotencyKey: "idempotency_key",
+  spawnedBy: "spawned_by"
+}))
+
+/**
+ * `PUT /v0/agents/{agent_id}/metadata` body (PROTOCOL-CURRENT C.3.1):
+ * `{"description":…,"input_schema":…,"output_schema":…}`, every member always
+ * present and `null` when unknown. The schemas are JSON Schema objects.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const AgentMetadataBody = Schema.Struct({
+  description: Schema.NullOr(Schema.String),
+  inputSchema: Schema.NullOr(Schema.Unknown),
+  outputSchema: Schema.NullOr(Schema.Unknown)
+}).pipe(Schema.encodeKeys({ inputSchema: "input_schema", outputSchema: "output_schema" }))
+
+/**
+ * An agent's published metadata.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface AgentMetadataBody extends Schema.Schema.Type<typeof AgentMetadataBody> {}
 
 /**
  * `POST /v0/approvals/{id}/grant` and `…/deny` body (9.3):
@@ -375,15 +444,21 @@ const StepDecisionStruct = Schema.Struct({
   result: optionalJson,
   error: optionalJson,
   approvalId: nonEmpty,
-  reason: nonEmpty
-}).pipe(Schema.encodeKeys({ stepId: "step_id", approvalId: "approval_id" }))
+  reason: nonEmpty,
+  ruleId: nonEmpty
+}).pipe(Schema.encodeKeys({ stepId: "step_id", approvalId: "approval_id", ruleId: "rule_id" }))
 
 /**
  * The kernel's answer to a step submission, or to a step complete / fail
  * (PROTOCOL.md 7.1, 7.2). `result` and `error` are present (possibly `null`)
- * exactly when the kernel sent them; empty `step_id`, `approval_id` and
- * `reason` count as absent; unknown members (`rule_id`, `resources`) are
+ * exactly when the kernel sent them; empty `step_id`, `approval_id`,
+ * `reason` and `rule_id` count as absent; unknown members (`resources`) are
  * ignored.
+ *
+ * A `blocked` decision without `approval_id` is rate-limit parking
+ * (PROTOCOL-CURRENT C.8.3, `reason` `rate_limit_exceeded`): the execution
+ * stays running and is redelivered after the wait. `ruleId` names the rule
+ * that decided a `denied` step (C.8.4).
  *
  * @since 0.1.0
  * @category models
@@ -395,6 +470,8 @@ export interface StepDecision {
   readonly error?: unknown
   readonly approvalId?: string | undefined
   readonly reason?: string | undefined
+  /** @since 0.2.0 */
+  readonly ruleId?: string | undefined
 }
 
 /**
@@ -427,6 +504,7 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
     error?: unknown
     approvalId?: string
     reason?: string
+    ruleId?: string
   } = { decision }
   const stepId = o["step_id"]
   if (typeof stepId === "string" && stepId !== "") out.stepId = stepId
@@ -436,6 +514,8 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
   if (typeof approvalId === "string" && approvalId !== "") out.approvalId = approvalId
   const reason = o["reason"]
   if (typeof reason === "string" && reason !== "") out.reason = reason
+  const ruleId = o["rule_id"]
+  if (typeof ruleId === "string" && ruleId !== "") out.ruleId = ruleId
   return out
 }
 
@@ -444,9 +524,19 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
 // ---------------------------------------------------------------------------
 
 /**
- * An execution (PROTOCOL.md 11.12). `input` is `null` when none was given;
- * `output` is absent when none was recorded (present, possibly `null`, when
- * it was). Timestamps are RFC 3339 strings (`""` when absent).
+ * An execution (PROTOCOL.md 11.12, PROTOCOL-CURRENT C.10). `input` is `null`
+ * when none was given; `output` is absent when none was recorded (present,
+ * possibly `null`, when it was). Timestamps are RFC 3339 strings (`""` when
+ * absent).
+ *
+ * The members of the current stage (C.4, C.5, C.7) are omitted by the kernel
+ * when empty, and absent from the decoded value then (`null`, `""` and `0`
+ * count as empty): `session`,
+ * `parentExecutionId` (the execution whose state `previous` reads),
+ * `forkedFrom` and `forkSeq` (a fork's source and fork point),
+ * `idempotencyKey`, `spawnedBy` (the parent step of a subagent's execution)
+ * and `restoration` (only on a fork's answer). `agentVersion` is a member of
+ * the seed stage and v0.14.0 only.
  *
  * @since 0.1.0
  * @category models
@@ -461,7 +551,27 @@ export const Execution = Schema.Struct({
   failureReason: str,
   createdAt: str,
   updatedAt: str,
-  deadlineAt: str}).pipe(Schema.encodeKeys({ agentId: "agent_id", agentVersion: "agent_version", failureReason: "failure_reason", createdAt: "created_at", updatedAt: "updated_at", deadlineAt: "deadline_at" }))
+  deadlineAt: str,
+  session: nonEmpty,
+  parentExecutionId: nonEmpty,
+  forkedFrom: nonEmpty,
+  forkSeq: omittedWhen(Schema.Number, (n) => n === 0),
+  idempotencyKey: nonEmpty,
+  spawnedBy: omittedWhen(SpawnedBy, () => false),
+  restoration: optionalJson
+}).pipe(Schema.encodeKeys({
+  agentId: "agent_id",
+  agentVersion: "agent_version",
+  failureReason: "failure_reason",
+  createdAt: "created_at",
+  updatedAt: "updated_at",
+  deadlineAt: "deadline_at",
+  parentExecutionId: "parent_execution_id",
+  forkedFrom: "forked_from",
+  forkSeq: "fork_seq",
+  idempotencyKey: "idempotency_key",
+  spawnedBy: "spawned_by"
+}))
 
 /**
  * A decoded execution.
@@ -559,20 +669,60 @@ export const Approval = Schema.Struct({
  */
 export interface Approval extends Schema.Schema.Type<typeof Approval> {}
 
+const AgentStruct = Schema.Struct({
+  id: str,
+  webhookUrl: str,
+  policyBundle: str,
+  registeredAt: str,
+  leaseTimeoutSeconds: orUndefined(Schema.Number, positiveNumber)
+}).pipe(Schema.encodeKeys({
+  webhookUrl: "webhook_url",
+  policyBundle: "policy_bundle",
+  registeredAt: "registered_at",
+  leaseTimeoutSeconds: "lease_timeout_seconds"
+}))
+
+/** The Go field names of the seed stage and v0.14.0, and their current-stage names. */
+const PASCAL_AGENT_KEYS: ReadonlyArray<readonly [string, string]> = [
+  ["ID", "id"],
+  ["WebhookURL", "webhook_url"],
+  ["PolicyBundle", "policy_bundle"],
+  ["RegisteredAt", "registered_at"]
+]
+
+/** An agent object in either spelling, as the current stage spells it (a snake_case member wins). */
+const snakeCaseAgent = (u: unknown): unknown => {
+  if (typeof u !== "object" || u === null || Array.isArray(u)) return u
+  const o = u as Record<string, unknown>
+  if (!PASCAL_AGENT_KEYS.some(([pascal]) => pascal in o)) return o
+  const out: Record<string, unknown> = {}
+  for (const [pascal, snake] of PASCAL_AGENT_KEYS) if (pascal in o) out[snake] = o[pascal]
+  for (const [key, value] of Object.entries(o)) {
+    if (!PASCAL_AGENT_KEYS.some(([pascal]) => pascal === key)) out[key] = value
+  }
+  return out
+}
+
 /**
- * A registered agent (PROTOCOL.md 11.9). On the wire the members carry Go field
- * names (`ID`, `WebhookURL`, `PolicyBundle`, `RegisteredAt`). The wire's
- * `Secret` member is deliberately not decoded: it is `""` from a conforming
- * kernel, and a reference kernel that echoes it must not leak it into logs.
+ * A registered agent (PROTOCOL.md 11.9, PROTOCOL-CURRENT C.10). Both
+ * spellings decode: the current stage's snake_case object
+ * (`{"id","webhook_url","policy_bundle"?,"registered_at","lease_timeout_seconds"?}`)
+ * and the Go field names of the seed stage and v0.14.0 (`ID`, `WebhookURL`,
+ * `PolicyBundle`, `RegisteredAt`). Encoding writes snake_case. The older
+ * kernels' `Secret` member is deliberately not decoded: it is `""` from a
+ * conforming kernel, and a reference kernel that echoes it must not leak it
+ * into logs. `leaseTimeoutSeconds` is the agent's own lease timeout, when it
+ * registered one (current stage).
  *
  * @since 0.1.0
  * @category models
  */
-export const Agent = Schema.Struct({
-  id: str,
-  webhookUrl: str,
-  policyBundle: str,
-  registeredAt: str}).pipe(Schema.encodeKeys({ id: "ID", webhookUrl: "WebhookURL", policyBundle: "PolicyBundle", registeredAt: "RegisteredAt" }))
+export const Agent = Schema.Unknown.pipe(
+  Schema.decodeTo(AgentStruct, {
+    decode: SchemaGetter.transform((u: unknown) => snakeCaseAgent(u) as typeof AgentStruct.Encoded),
+    encode: SchemaGetter.transform((encoded) => encoded)
+  })
+)
 
 /**
  * A decoded agent.
@@ -605,7 +755,8 @@ export interface LiveDelta extends Schema.Schema.Type<typeof LiveDelta> {}
 
 /**
  * The error envelope (PROTOCOL.md 13.1): `{"code":…,"message":…}`; newer
- * kernels may add `rule_id`.
+ * kernels may add `rule_id`, and the current stage `details`
+ * (PROTOCOL-CURRENT C.10), which is ignored.
  *
  * @since 0.1.0
  * @category schemas
@@ -644,3 +795,43 @@ export const ExecutionPage = Schema.Struct({
  * @category models
  */
 export interface ExecutionPage extends Schema.Schema.Type<typeof ExecutionPage> {}
+
+/**
+ * The answer of `GET /v0/executions/{id}/previous` (PROTOCOL-CURRENT C.4.6):
+ * `{"state":…}` — the parent's stored state, else the parent's output, `null`
+ * without a parent (a missing member decodes as `null`).
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const PreviousState = Schema.Struct({
+  state: json
+})
+
+/**
+ * A decoded `previous` answer.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface PreviousState extends Schema.Schema.Type<typeof PreviousState> {}
+
+/**
+ * The answer of `POST /v0/executions/{id}/suspend` (PROTOCOL-CURRENT C.5.2):
+ * `{"suspended":true}` when the execution now waits (on approvals or on
+ * children), `{"suspended":false}` when nothing was waiting any more.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const SuspendAnswer = Schema.Struct({
+  suspended: Schema.Boolean
+})
+
+/**
+ * A decoded `suspend` answer.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface SuspendAnswer extends Schema.Schema.Type<typeof SuspendAnswer> {}

@@ -72,23 +72,39 @@ export class RateLimited extends Schema.TaggedError<RateLimited>("effect-rebuno/
 }
 
 /**
- * Signal: the execution is waiting for a human approval (`blocked` or
- * `execution_blocked`). The run unwinds and posts no outcome; the kernel
- * redelivers once the approval is decided.
+ * Signal: the execution waits, and this run must end without an outcome
+ * (`blocked` or `execution_blocked`). The run unwinds and posts nothing; the
+ * kernel redelivers once the wait is over. It waits for
+ *
+ * - a human approval (`approvalId` is set);
+ * - a rate limit (`reason` `rate_limit_exceeded`, no approval id): the
+ *   execution was parked and stays running (PROTOCOL-CURRENT C.8.3);
+ * - its subagents (`reason` `awaiting_steps`): the run suspended the
+ *   execution (C.5.2).
  *
  * @since 0.1.0
  * @category signals
  */
 export class Blocked extends Schema.TaggedError<Blocked>("effect-rebuno/Blocked")("Blocked", {
   approvalId: Schema.optional(Schema.String),
-  stepId: Schema.optional(Schema.String)
+  stepId: Schema.optional(Schema.String),
+  /** @since 0.2.0 */
+  reason: Schema.optional(Schema.String)
 }) {
   /** @since 0.2.0 */
   readonly [TypeId]: TypeId = TypeId
   override get message(): string {
-    return this.approvalId === undefined
-      ? "execution blocked awaiting approval"
-      : `execution blocked awaiting approval ${this.approvalId}`
+    if (this.approvalId !== undefined) return `execution blocked awaiting approval ${this.approvalId}`
+    switch (this.reason) {
+      case undefined:
+        return "execution blocked awaiting approval"
+      case "rate_limit_exceeded":
+        return "execution parked by a rate limit (rate_limit_exceeded)"
+      case "awaiting_steps":
+        return "execution suspended awaiting its subagents"
+      default:
+        return `execution blocked: ${this.reason}`
+    }
   }
 }
 
@@ -170,6 +186,37 @@ export class ToolError extends Schema.TaggedError<ToolError>("effect-rebuno/Tool
   get indeterminate(): boolean {
     return typeof this.error === "object" && this.error !== null &&
       (this.error as { readonly reason?: unknown }).reason === "indeterminate"
+  }
+}
+
+/**
+ * A subagent's execution ended without output (PROTOCOL-CURRENT C.5.3): it
+ * failed (`reason` `subagent_failed`) or was cancelled (`subagent_cancelled`).
+ * `executionId` is the child execution and `failureReason` its
+ * `failure_reason`; `target` and `stepId` name the calling step, whose
+ * recorded error this is (so a replay raises the same error).
+ *
+ * @since 0.2.0
+ * @category errors
+ */
+export class SubagentError extends Schema.TaggedError<SubagentError>("effect-rebuno/SubagentError")("SubagentError", {
+  agentId: Schema.String,
+  executionId: Schema.String,
+  reason: Schema.String,
+  failureReason: Schema.String,
+  target: Schema.String,
+  stepId: Schema.String
+}) {
+  /** @since 0.2.0 */
+  readonly [TypeId]: TypeId = TypeId
+  /** `true` when the child was cancelled rather than failed. */
+  get cancelled(): boolean {
+    return this.reason === "subagent_cancelled"
+  }
+  override get message(): string {
+    return this.failureReason === ""
+      ? `${this.target}: ${this.reason}`
+      : `${this.target}: ${this.reason}: ${this.failureReason}`
   }
 }
 
@@ -406,6 +453,7 @@ export type RebunoError =
   | InvalidArguments
   | StepDecodeError
   | SignatureError
+  | SubagentError
 
 /**
  * Is this value an effect-rebuno error (from any copy of the package)?

@@ -3,9 +3,9 @@
  *
  * Every tool call, LLM call and local non-determinism becomes a durable step
  * that the kernel records, replays after a crash or an approval, and governs by
- * policy. Modules are namespaces: `Agent`, `Step`, `Tool`, `Llm`, `Client`,
- * `KernelClient`, `Execution`, `Protocol`, `Signature`, `StepId`; the error
- * classes are exported by name.
+ * policy. Modules are namespaces: `Agent`, `Step`, `Tool`, `Llm`, `Session`,
+ * `Subagent`, `Client`, `KernelClient`, `Execution`, `Protocol`, `Signature`,
+ * `StepId`; the error classes are exported by name.
  *
  * @since 0.1.0
  */
@@ -60,10 +60,16 @@ export {
   SignatureError,
   StatusError,
   StepDecodeError,
+  SubagentError,
   Terminated,
   ToolError,
   TransportError
 } from "./RebunoError.js"
+
+/**
+ * @since 0.2.0
+ */
+export * as Session from "./Session.js"
 
 /**
  * @since 0.1.0
@@ -79,6 +85,11 @@ export * as Step from "./Step.js"
  * @since 0.1.0
  */
 export * as StepId from "./StepId.js"
+
+/**
+ * @since 0.2.0
+ */
+export * as Subagent from "./Subagent.js"
 
 /**
  * @since 0.1.0

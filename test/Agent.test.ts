@@ -1,16 +1,28 @@
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Data, Effect, Layer, Schema } from "effect"
+import { Clock, Data, Effect, Layer, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { HttpClient, HttpClientRequest } from "effect/http"
 import { TestClock } from "effect/testing"
 import * as Agent from "../src/Agent.js"
-import { Blocked, LeaseSuperseded, PolicyError, RateLimited, ToolError } from "../src/RebunoError.js"
+import * as KernelClient from "../src/KernelClient.js"
+import {
+  Blocked,
+  KernelError,
+  LeaseSuperseded,
+  PolicyError,
+  RateLimited,
+  StatusError,
+  SubagentError,
+  ToolError
+} from "../src/RebunoError.js"
 import * as Signature from "../src/Signature.js"
 import * as Step from "../src/Step.js"
 import * as Tool from "../src/Tool.js"
 import { failureReason } from "../src/internal/run/failureReason.js"
 import * as TrackedClock from "../src/testing/internal/trackedClock.js"
+import * as Kernel from "effect-rebuno/kernel"
+import { serve } from "./support/embedded.js"
 import { FakeKernel, SECRET } from "./support/FakeKernel.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -345,6 +357,24 @@ describe("outcome mapping (failureReason)", () => {
     expect(failureReason(new RateLimited({ reason: "rate_limit_exceeded" }))).toBe("rate_limit_exceeded")
     expect(failureReason(new TypeError("boom"))).toBe("agent_error: TypeError: boom")
     expect(failureReason("plain")).toBe("agent_error: Error: plain")
+    // PROTOCOL-CURRENT C.12: prose reasons of the current stage (rule reasons, the judge)
+    expect(failureReason(new PolicyError({ reason: "judge not configured", ruleId: "j" }))).toBe(
+      "policy_denied: judge not configured"
+    )
+    expect(failureReason(new PolicyError({ reason: "execution_token_budget_exceeded" }))).toBe(
+      "execution_token_budget_exceeded"
+    )
+    // a subagent's failure is the failure of its calling step
+    expect(failureReason(
+      new SubagentError({
+        agentId: "summarizer",
+        executionId: "c1",
+        reason: "subagent_cancelled",
+        failureReason: "deadline_exceeded",
+        target: "summarize",
+        stepId: "s"
+      })
+    )).toBe("tool_error: summarize: subagent_cancelled: deadline_exceeded")
   })
 })
 
@@ -530,4 +560,358 @@ describe("HTTP", () => {
       expect(fake.ops("completeExecution")[0]!.json).toBe("\"hi\"")
       yield* Effect.promise(() => web.dispose())
     }))
+})
+
+// ---------------------------------------------------------------------------
+// The current stage (PROTOCOL-CURRENT)
+// ---------------------------------------------------------------------------
+
+const metadataCalls = (fake: FakeKernel) => fake.agentCalls.filter((c) => c.op === "publishMetadata")
+
+describe("agent metadata (PROTOCOL-CURRENT C.3)", () => {
+  const described = Agent.make({
+    id: "agent",
+    description: "Answers questions",
+    input: Schema.Struct({ prompt: Schema.String, limit: Schema.optionalKey(Schema.Finite) }),
+    output: Schema.Struct({ answer: Schema.String }),
+    handler: ({ prompt }) => Effect.succeed({ answer: prompt })
+  })
+
+  it("metadataOf: the description and the JSON Schemas of the input and output as sent; null when absent", () => {
+    expect(Agent.metadataOf(described)).toEqual({
+      description: "Answers questions",
+      inputSchema: {
+        $schema: "https://json-schema.org/draft/2020-12/schema",
+        type: "object",
+        properties: { prompt: { type: "string" }, limit: { type: "number" } },
+        required: ["prompt"],
+        // the input decoder ignores excess properties, and says so
+        additionalProperties: true
+      },
+      outputSchema: {
+        $schema: "https://json-schema.org/draft/2020-12/schema",
+        type: "object",
+        properties: { answer: { type: "string" } },
+        required: ["answer"],
+        additionalProperties: true
+      }
+    })
+    expect(Agent.metadataOf(Agent.make({ id: "raw", handler: () => Effect.void }))).toEqual({
+      description: null,
+      inputSchema: null,
+      outputSchema: null
+    })
+    // the encoded side: a date travels as a string
+    const dated = Agent.metadataOf(Agent.make({ id: "d", output: Schema.DateFromString, handler: () => Effect.succeed(new Date()) }))
+    expect(dated.outputSchema).toMatchObject({ type: "string" })
+  })
+
+  test("published once, on the first verified webhook; not for bad signatures or bodies", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { prompt: "hi" })
+      const rt = yield* setup(described, fake)
+      const body = encoder.encode(notice({ attempt: 1 }))
+      expect(yield* rt.handleWebhook({ body, signature: "sha256=00" })).toBe(401)
+      expect(yield* deliver(rt, "not json")).toBe(400)
+      yield* Effect.yieldNow
+      expect(metadataCalls(fake)).toHaveLength(0)
+      expect(yield* deliver(rt, notice({ attempt: 1 }))).toBe(200)
+      yield* rt.awaitIdle
+      expect(yield* deliver(rt, notice({ dispatch: D2, attempt: 1 }))).toBe(200)
+      yield* rt.awaitIdle
+      expect(metadataCalls(fake).map((c) => [c.reason, JSON.parse(c.json!)])).toEqual([[
+        "agent",
+        {
+          description: "Answers questions",
+          input_schema: Agent.metadataOf(described).inputSchema,
+          output_schema: Agent.metadataOf(described).outputSchema
+        }
+      ]])
+      expect(fake.ops("completeExecution")).toHaveLength(1)
+    }))
+
+  test("a connection error or timeout is retried on the next verified webhook; then it is done", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { prompt: "hi" })
+      fake.onPublishMetadata = (n) => n === 1 ? Effect.fail(FakeKernel.transport("publish")) : Effect.void
+      const rt = yield* setup(described, fake)
+      for (const dispatch of [D1, D2, "d3"]) {
+        yield* deliver(rt, notice({ dispatch, attempt: 1 }))
+        yield* rt.awaitIdle
+        yield* Effect.yieldNow
+      }
+      expect(metadataCalls(fake)).toHaveLength(2)
+    }))
+
+  for (const [status, code] of [[404, "internal_error"], [500, "internal_error"], [403, "forbidden"]] as const) {
+    test(`an error answer (${status}) is logged and never retried`, () =>
+      Effect.gen(function*() {
+        const fake = new FakeKernel()
+        fake.onPublishMetadata = () =>
+          Effect.fail(new KernelError({ reason: new StatusError({ status, code, description: "404 page not found" }) }))
+        const rt = yield* setup(described, fake)
+        for (const execution of ["e1", "e2", "e3"]) {
+          fake.addExecution(execution, { prompt: "hi" })
+          yield* deliver(rt, notice({ execution, attempt: 1 }))
+          yield* rt.awaitIdle
+        }
+        expect(metadataCalls(fake)).toHaveLength(1)
+        // never fatal: every run completed
+        expect(fake.ops("completeExecution")).toHaveLength(3)
+      }))
+  }
+
+  test("a publication that hangs never holds up a run", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { prompt: "hi" })
+      fake.onPublishMetadata = () => Effect.never
+      const rt = yield* setup(described, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("completeExecution")).toHaveLength(1)
+      expect(metadataCalls(fake)).toHaveLength(1)
+    }))
+
+  test("a KernelClient without publishMetadata (written for 0.1) is fine", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { prompt: "hi" })
+      const { publishMetadata: _, observeWebhook: __, ...older } = fake.service
+      const rt = yield* Agent.runtime(described).pipe(Effect.provide(Layer.succeed(KernelClient.KernelClient, older)))
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("completeExecution")).toHaveLength(1)
+    }))
+
+  test("Agent.layer publishes at start-up, before any webhook", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      yield* Layer.launch(Agent.layer(described).pipe(Layer.provide(fake.layer))).pipe(Effect.forkScoped)
+      yield* until(() => metadataCalls(fake).length === 1)
+      expect(fake.calls).toHaveLength(0)
+    }).pipe(Effect.provide(NodeHttpServer.layerTest)), 20_000)
+})
+
+describe("the stage hint (PROTOCOL-CURRENT C.13)", () => {
+  test("every verified webhook is shown to the client (a missing dispatch_attempt means v0.14.0)", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      const rt = yield* setup(Agent.make({ id: "agent", handler: () => Effect.void }), fake)
+      yield* rt.handleWebhook({ body: encoder.encode(notice()), signature: "sha256=00" })
+      yield* deliver(rt, notice())
+      yield* rt.awaitIdle
+      yield* deliver(rt, notice({ dispatch: D2, attempt: 2, lease: 30 }))
+      yield* rt.awaitIdle
+      expect(fake.agentCalls.filter((c) => c.op === "observeWebhook").map((c) => c.notice)).toEqual([
+        { executionId: EXEC, dispatchId: D1, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined },
+        { executionId: EXEC, dispatchId: D2, dispatchAttempt: 2, leaseTimeoutSeconds: 30 }
+      ])
+    }))
+})
+
+describe("sessions and state (PROTOCOL-CURRENT C.4)", () => {
+  const History = Schema.Array(Schema.String)
+  const chat = Agent.make({
+    id: "chat",
+    input: Schema.Struct({ message: Schema.String }),
+    output: Schema.Struct({ turns: Schema.Number }),
+    state: History,
+    handler: ({ message }, session) =>
+      Effect.gen(function*() {
+        const history = Option.getOrElse(yield* session.previous, () => [])
+        const next = [...history, message]
+        return session.withState({ turns: next.length }, next)
+      })
+  })
+
+  test("the previous state is decoded with the state Schema; the new state is sent with the output", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { message: "c" }, "running", { previous: ["a", "b"] })
+      const rt = yield* setup(chat, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops().map((c) => c.op)).toEqual(["getExecution", "previous", "completeExecution"])
+      const completed = fake.ops("completeExecution")[0]!
+      expect(completed.json).toBe("{\"turns\":3}")
+      expect(completed.state).toBe("[\"a\",\"b\",\"c\"]")
+    }))
+
+  test("no previous state (null) is Option.none()", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { message: "first" })
+      const rt = yield* setup(chat, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("completeExecution")[0]).toMatchObject({ json: "{\"turns\":1}", state: "[\"first\"]" })
+    }))
+
+  test("the state is encoded with the Schema; a plain output sends no state; a null state is not sent", () =>
+    Effect.gen(function*() {
+      const Counter = Schema.NumberFromString
+      const counter = Agent.make({
+        id: "counter",
+        state: Schema.NullOr(Counter),
+        handler: (input: unknown, session) =>
+          Effect.gen(function*() {
+            const previous = yield* session.previous
+            if (input === "plain") return "no state"
+            if (input === "null") return session.withState("null state", null)
+            const count = Option.getOrElse(previous, () => 0) ?? 0
+            return session.withState(String(count), count + 1)
+          })
+      })
+      const cases = [["count", "41", "\"41\"", "\"42\""], ["plain", null, "\"no state\"", undefined], [
+        "null",
+        null,
+        "\"null state\"",
+        undefined
+      ]] as const
+      for (const [input, previous, output, state] of cases) {
+        const fake = new FakeKernel().addExecution(EXEC, input, "running", { previous })
+        const rt = yield* setup(counter, fake)
+        yield* deliver(rt, notice({ attempt: 1 }))
+        yield* rt.awaitIdle
+        const completed = fake.ops("completeExecution")
+        expect(completed).toHaveLength(1)
+        expect(completed[0]!.json).toBe(output)
+        expect(completed[0]!.state).toBe(state)
+      }
+    }))
+
+  test("a previous state that does not decode fails the execution (unless the handler catches it)", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { message: "c" }, "running", { previous: { not: "a list" } })
+      const rt = yield* setup(chat, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("failExecution")[0]!.reason).toMatch(
+        /^agent_error: StepDecodeError: previous: previous state does not decode: /
+      )
+    }))
+
+  test("previous answered 404 (a kernel without sessions) is a KernelError in the handler", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { message: "c" })
+      fake.onPrevious = () =>
+        Effect.fail(new KernelError({ reason: new StatusError({ status: 404, code: "internal_error", description: "404 page not found" }) }))
+      const rt = yield* setup(chat, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("failExecution")[0]!.reason).toBe(
+        "agent_error: KernelError: Status 404 internal_error: 404 page not found"
+      )
+    }))
+
+  test("a state that is not JSON fails the execution; nothing is completed", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, null)
+      const rt = yield* setup(
+        Agent.make({ id: "agent", handler: (_, session) => Effect.succeed(session.withState("out", { n: NaN })) }),
+        fake
+      )
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("completeExecution")).toHaveLength(0)
+      expect(fake.ops("failExecution")[0]!.reason).toMatch(/^agent_error: TypeError: state is not JSON at \$\.n/)
+    }))
+
+  test("the session label and parent come from the execution; without a state Schema the state is raw JSON", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, null, "running", {
+        session: "chat:u42",
+        parentExecutionId: "parent-1",
+        previous: { raw: [1] }
+      })
+      const seen: Array<unknown> = []
+      const raw = Agent.make({
+        id: "agent",
+        handler: (_, session) =>
+          Effect.gen(function*() {
+            seen.push(session.id, session.parentExecutionId, yield* session.previous)
+            return session.withState(null, { raw: [1, 2] })
+          })
+      })
+      const rt = yield* setup(raw, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(seen).toEqual([Option.some("chat:u42"), Option.some("parent-1"), Option.some({ raw: [1] })])
+      expect(fake.ops("completeExecution")[0]).toMatchObject({ json: "null", state: "{\"raw\":[1,2]}" })
+    }))
+
+  test("a run that recorded a signal posts neither output nor state", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, { message: "c" })
+      fake.script.push({ decision: "blocked", stepId: "s", approvalId: "a1" })
+      const blocked = Agent.make({
+        id: "chat",
+        state: History,
+        handler: (_input, session) =>
+          echo({ text: "x" }).pipe(Effect.ignore, Effect.as(session.withState("out", ["s"])))
+      })
+      const rt = yield* setup(blocked, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(fake.ops("completeExecution")).toHaveLength(0)
+      expect(fake.ops("failExecution")).toHaveLength(0)
+    }))
+})
+
+describe("rate-limit parking (PROTOCOL-CURRENT C.8.3)", () => {
+  test("blocked without approval_id ends the run quietly (Blocked with the reason); the execution stays as it is", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      fake.script.push({ decision: "blocked", reason: "rate_limit_exceeded" })
+      let caught: unknown
+      const agent = Agent.make({
+        id: "agent",
+        handler: () => echo({ text: "x" }).pipe(Effect.tapError((e) => Effect.sync(() => { caught = e })))
+      })
+      const rt = yield* setup(agent, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(caught).toBeInstanceOf(Blocked)
+      expect(caught).toMatchObject({ reason: "rate_limit_exceeded" })
+      expect((caught as Blocked).approvalId).toBeUndefined()
+      expect((caught as Blocked).message).toBe("execution parked by a rate limit (rate_limit_exceeded)")
+      expect(fake.ops().map((c) => c.op)).toEqual(["getExecution", "submitStep"])
+      expect(fake.executions.get(EXEC)!.status).toBe("running")
+    }))
+
+  test("a denial carries the decision's rule_id (C.8.4)", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      fake.script.push({ decision: "denied", stepId: "s1", reason: "no email", ruleId: "block-email" })
+      let caught: unknown
+      const agent = Agent.make({
+        id: "agent",
+        handler: () => echo({ text: "x" }).pipe(Effect.tapError((e) => Effect.sync(() => { caught = e })))
+      })
+      const rt = yield* setup(agent, fake)
+      yield* deliver(rt, notice({ attempt: 1 }))
+      yield* rt.awaitIdle
+      expect(caught).toMatchObject({ _tag: "PolicyError", reason: "no email", ruleId: "block-email", stepId: "s1" })
+      expect(fake.ops("failExecution")[0]!.reason).toBe("policy_denied: no email")
+    }))
+})
+
+describe("over HTTP on the embedded kernel (current stage)", () => {
+  it.live("Agent.layer publishes the metadata at start-up; the kernel stores it (C.3)", () =>
+    Effect.gen(function*() {
+      const kernel = yield* Kernel.start({ port: 0 })
+      const described = Agent.make({
+        id: "described",
+        description: "Answers questions",
+        input: Schema.Struct({ prompt: Schema.String }),
+        handler: ({ prompt }) => Effect.succeed(prompt)
+      })
+      yield* serve(described, kernel.url, "described-secret")
+      let metadata: unknown
+      for (let i = 0; i < 200 && metadata === undefined; i++) {
+        metadata = (yield* kernel.core.getAgent("described")).metadata
+        if (metadata === undefined) yield* Effect.sleep("10 millis")
+      }
+      expect(metadata).toMatchObject({ description: "Answers questions", outputSchemaRaw: null })
+      expect(JSON.parse((metadata as { inputSchemaRaw: string }).inputSchemaRaw)).toEqual(
+        Agent.metadataOf(described).inputSchema
+      )
+    }).pipe(Effect.scoped), 30_000)
 })

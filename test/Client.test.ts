@@ -1,10 +1,12 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Stream } from "effect"
+import { Cause, Config, ConfigProvider, Effect, Exit, Fiber, Layer, Option, Redacted, Schema, Stream } from "effect"
 import { TestClock } from "effect/testing"
+import * as Agent from "../src/Agent.js"
 import * as Client from "../src/Client.js"
 import { makeSseParser } from "../src/internal/http/exchange.js"
 import { InvalidArguments, KernelError } from "../src/RebunoError.js"
 import * as TrackedClock from "../src/testing/internal/trackedClock.js"
+import * as TestKernel from "../src/testing/TestKernel.js"
 import { type Answer, envelope, json, makeDouble, noContent, type Recorded } from "./support/httpDouble.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -542,6 +544,271 @@ describe("Client steps, approvals, agents, policies", () => {
     ))
 })
 
+describe("Client: the current stage (PROTOCOL-CURRENT C.4, C.5, C.9.2, C.10)", () => {
+  const SESSION_EXEC = { ...execution(EXEC, "pending"), session: "chat:u42", idempotency_key: "k-1" }
+  const KEY_ID = "01920000-0000-7000-8000-0000000000aa"
+  const TOKEN = "rbk_01920000-0000-7000-8000-0000000000aa.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+
+  it.effect("create: session, idempotency key, parent and spawned_by in the body; empty members omitted", () =>
+    withClient(
+      () => json(201, SESSION_EXEC),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.create("hello", { q: 1 }, {
+            session: "chat:u42",
+            idempotencyKey: "k-1",
+            parentExecutionId: EXEC2,
+            spawnedBy: { executionId: EXEC3, stepId: STEP }
+          })
+          yield* client.create("hello", undefined, { session: "", idempotencyKey: "", parentExecutionId: "", agentVersion: "" })
+          yield* client.create("hello", null, { session: "s" })
+          expect(requests.map((r) => r.text)).toEqual([
+            `{"agent_id":"hello","input":{"q":1},"session":"chat:u42","parent_execution_id":"${EXEC2}",` +
+            `"idempotency_key":"k-1","spawned_by":{"execution_id":"${EXEC3}","step_id":"${STEP}"}}`,
+            "{\"agent_id\":\"hello\"}",
+            "{\"agent_id\":\"hello\",\"input\":null,\"session\":\"s\"}"
+          ])
+          for (const text of requests.map((r) => r.text)) expect(text).not.toContain("agent_version")
+        })
+    ))
+
+  it.effect("create: agent_version only when asked for (older kernels); a current kernel's 400 is a StatusError", () =>
+    withClient(
+      (request) =>
+        request.text!.includes("agent_version")
+          ? envelope(400, "validation_error", "validation error: json: unknown field \"agent_version\"")
+          : json(201, execution(EXEC)),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.create("hello", {}, { agentVersion: "v1" })))
+          expect(error).toBeInstanceOf(KernelError)
+          expect(error).toMatchObject({ reason: { _tag: "StatusError", status: 400, code: "validation_error" } })
+          expect(requests[0]!.text).toBe("{\"agent_id\":\"hello\",\"input\":{},\"agent_version\":\"v1\"}")
+          expect(requests).toHaveLength(1)
+        })
+    ))
+
+  it.effect("create: the answer's session members decode (pending execution of a busy session)", () =>
+    withClient(
+      () => json(201, SESSION_EXEC),
+      (client) =>
+        Effect.gen(function*() {
+          const created = yield* client.create("hello", {}, { session: "chat:u42", idempotencyKey: "k-1" })
+          expect(created.status).toBe("pending")
+          expect(created.id).toBe(EXEC)
+        })
+    ))
+
+  it.effect("create with an idempotency key (or spawned_by) is retried on transport failures; without one it is not", () =>
+    withClient(
+      (_, index) => (index % 2 === 0 ? "transport" : json(201, execution(EXEC))),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(Exit.isSuccess(yield* driveClock(client.create("hello", {}, { idempotencyKey: "k-1" })))).toBe(true)
+          expect(requests).toHaveLength(2)
+          expect(requests[0]!.text).toBe(requests[1]!.text)
+          expect(
+            Exit.isSuccess(yield* driveClock(client.create("hello", {}, { spawnedBy: { executionId: EXEC2, stepId: STEP } })))
+          ).toBe(true)
+          expect(requests).toHaveLength(4)
+          const error = failureOf(yield* driveClock(client.create("hello", {}, { session: "s" })))
+          expect(error).toMatchObject({ reason: { _tag: "TransportError" } })
+          yield* TestClock.adjust("1 minute")
+          expect(requests).toHaveLength(5)
+        })
+    ))
+
+  it.effect("previous: GET …/previous returns the state as is; null without a parent; errors are StatusErrors", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? json(200, { state: { messages: ["hi"] } })
+          : index === 1
+          ? json(200, { state: null })
+          : index === 2
+          ? envelope(502, "internal_error", "bad gateway")
+          : index === 3
+          ? json(200, { state: 7 })
+          : envelope(403, "forbidden", "forbidden"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* client.previous(EXEC)).toEqual({ messages: ["hi"] })
+          expect(yield* client.previous(EXEC)).toBeNull()
+          const retried = yield* driveClock(client.previous(EXEC))
+          expect(retried).toEqual(Exit.succeed(7))
+          const error = failureOf(yield* Effect.exit(client.previous(EXEC)))
+          expect(error).toMatchObject({ reason: { _tag: "StatusError", status: 403, code: "forbidden" } })
+          expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual(
+            Array.from({ length: 5 }, () => ["GET", `/v0/executions/${EXEC}/previous`, undefined])
+          )
+        }),
+      { apiKey: Redacted.make(API_KEY) }
+    ))
+
+  it.effect("list: the session filter", () =>
+    withClient(
+      () => json(200, { executions: [SESSION_EXEC] }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const page = yield* client.list({ agentId: "hello", session: "chat:u42 c7", status: "pending" })
+          expect(page.executions.map((e) => e.id)).toEqual([EXEC])
+          yield* Stream.runCollect(client.listAll({ session: "s" }))
+          expect(requests.map((r) => pathOf(r.url))).toEqual([
+            "/v0/executions?agent_id=hello&session=chat%3Au42%20c7&status=pending",
+            "/v0/executions?session=s"
+          ])
+        })
+    ))
+
+  it.effect("cancel: 409 conflict of a current kernel is a typed StatusError; 409 execution_terminal still counts as done", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? envelope(409, "conflict", "conflict: execution is already terminal")
+          : envelope(409, "execution_terminal", "execution terminal"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.cancel(EXEC)))
+          expect(error).toBeInstanceOf(KernelError)
+          expect(error).toMatchObject({
+            status: 409,
+            code: "conflict",
+            reason: { _tag: "StatusError", description: "conflict: execution is already terminal" }
+          })
+          yield* client.cancel(EXEC)
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("cancel: a 409 conflict after a try lost in transit is that try's success when the execution reads cancelled", () =>
+    withClient(
+      (request, index) => {
+        if (request.method === "GET") return json(200, execution(EXEC, index < 4 ? "cancelled" : "completed"))
+        return index === 0 || index === 3 ? "transport" : envelope(409, "conflict", "conflict: execution is already terminal")
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(yield* driveClock(client.cancel(EXEC))).toEqual(Exit.void)
+          expect(requests.map((r) => [r.method, pathOf(r.url)])).toEqual([
+            ["POST", `/v0/executions/${EXEC}/cancel`],
+            ["POST", `/v0/executions/${EXEC}/cancel`],
+            ["GET", `/v0/executions/${EXEC}`]
+          ])
+          // Lost, then conflict, but the execution completed on its own: the conflict stands.
+          const error = failureOf(yield* driveClock(client.cancel(EXEC)))
+          expect(error).toMatchObject({ status: 409, code: "conflict" })
+        })
+    ))
+
+  it.effect("API keys: create (token as Redacted), list (revoked included), rotate, delete — bodies and paths", () =>
+    withClient(
+      (request) => {
+        const path = pathOf(request.url)
+        if (path === "/v0/api-keys" && request.method === "POST") {
+          return new Response(
+            JSON.stringify({
+              id: KEY_ID,
+              name: "reader",
+              scopes: ["executions:read"],
+              created_at: "2026-08-18T19:40:54Z",
+              token: TOKEN
+            }),
+            { status: 201, headers: { "content-type": "application/json", "cache-control": "no-store" } }
+          )
+        }
+        if (path === "/v0/api-keys") {
+          return json(200, [
+            { id: KEY_ID, name: "reader", scopes: ["executions:read"], created_at: "2026-08-18T19:40:54Z" },
+            {
+              id: EXEC3,
+              name: "old",
+              scopes: null,
+              created_at: "2026-08-18T19:40:54Z",
+              revoked_at: "2026-08-19T00:00:00Z",
+              extra: 1
+            }
+          ])
+        }
+        if (path.endsWith("/rotate")) {
+          return json(200, {
+            id: KEY_ID,
+            name: "reader",
+            scopes: ["executions:read"],
+            created_at: "2026-08-18T19:40:54Z",
+            token: "rbk_new"
+          })
+        }
+        return noContent()
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          const created = yield* client.createApiKey({ name: "reader", scopes: ["executions:read"] })
+          expect(created).toMatchObject({
+            id: KEY_ID,
+            name: "reader",
+            scopes: ["executions:read"],
+            createdAt: "2026-08-18T19:40:54Z"
+          })
+          expect(Redacted.isRedacted(created.token)).toBe(true)
+          expect(Redacted.value(created.token)).toBe(TOKEN)
+          expect(JSON.stringify(created)).not.toContain(TOKEN)
+          expect(String(created.token)).not.toContain(TOKEN)
+          const keys = yield* client.listApiKeys()
+          expect(keys).toEqual([
+            { id: KEY_ID, name: "reader", scopes: ["executions:read"], createdAt: "2026-08-18T19:40:54Z" },
+            { id: EXEC3, name: "old", scopes: [], createdAt: "2026-08-18T19:40:54Z", revokedAt: "2026-08-19T00:00:00Z" }
+          ])
+          const rotated = yield* client.rotateApiKey(KEY_ID)
+          expect(rotated.id).toBe(KEY_ID)
+          expect(Redacted.value(rotated.token)).toBe("rbk_new")
+          yield* client.deleteApiKey(KEY_ID)
+          expect(requests.map((r) => [r.method, pathOf(r.url), r.text])).toEqual([
+            ["POST", "/v0/api-keys", "{\"name\":\"reader\",\"scopes\":[\"executions:read\"]}"],
+            ["GET", "/v0/api-keys", undefined],
+            ["POST", `/v0/api-keys/${KEY_ID}/rotate`, undefined],
+            ["DELETE", `/v0/api-keys/${KEY_ID}`, undefined]
+          ])
+        })
+    ))
+
+  it.effect("API keys: errors are typed StatusErrors; create is never retried, list / rotate / delete are", () =>
+    withClient(
+      (request, index) => {
+        if (index === 0) return envelope(400, "validation_error", "validation error: unknown scope \"root\"")
+        if (index === 1) return envelope(409, "conflict", "conflict")
+        if (index === 2) return envelope(403, "forbidden", "forbidden")
+        if (request.method === "POST" && pathOf(request.url) === "/v0/api-keys") return "transport"
+        return index % 2 === 0 ? "transport" : request.method === "GET" ? json(200, null) : noContent()
+      },
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(failureOf(yield* Effect.exit(client.createApiKey({ name: "x", scopes: ["root"] })))).toMatchObject({
+            reason: { _tag: "StatusError", status: 400, code: "validation_error" }
+          })
+          expect(failureOf(yield* Effect.exit(client.rotateApiKey(KEY_ID)))).toMatchObject({ status: 409, code: "conflict" })
+          expect(failureOf(yield* Effect.exit(client.listApiKeys()))).toMatchObject({ status: 403, code: "forbidden" })
+          expect(failureOf(yield* driveClock(client.createApiKey({ name: "x", scopes: ["executions:read"] }))))
+            .toMatchObject({ reason: { _tag: "TransportError" } })
+          expect(requests).toHaveLength(4)
+          expect(yield* driveClock(client.listApiKeys())).toEqual(Exit.succeed([]))
+          expect(yield* driveClock(client.deleteApiKey(KEY_ID))).toEqual(Exit.void)
+          expect(requests).toHaveLength(8)
+        })
+    ))
+
+  it.effect("registerAgent: lease_timeout_seconds only when given", () =>
+    withClient(
+      () => json(201, { id: "hello", webhook_url: "http://a/webhook", registered_at: "2026-08-18T19:40:54Z" }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.registerAgent({ id: "hello", webhookUrl: "http://a/webhook", secret: "s", leaseTimeoutSeconds: 60 })
+          expect(requests[0]!.text).toBe(
+            "{\"id\":\"hello\",\"webhook_url\":\"http://a/webhook\",\"secret\":\"s\",\"lease_timeout_seconds\":60}"
+          )
+        })
+    ))
+})
+
 describe("Client configuration", () => {
   it.effect("sends Authorization: Bearer only when an API key is configured, and never leaks it", () =>
     withClient(
@@ -613,6 +880,20 @@ describe("Client configuration", () => {
       expect(double.requests).toHaveLength(3)
     }))
 
+  it.effect("fromEnv reads REBUNO_API_KEY as a Redacted that prints nothing", () =>
+    Effect.gen(function*() {
+      const settings = yield* Config.unwrap(Client.fromEnv).pipe(
+        Effect.provideService(
+          ConfigProvider.ConfigProvider,
+          ConfigProvider.fromUnknown({ REBUNO_URL: "http://env:1", REBUNO_API_KEY: API_KEY })
+        )
+      )
+      expect(Redacted.isRedacted(settings.apiKey)).toBe(true)
+      expect(Redacted.value(settings.apiKey!)).toBe(API_KEY)
+      expect(String(settings.apiKey)).not.toContain(API_KEY)
+      expect(JSON.stringify(settings)).not.toContain(API_KEY)
+    }))
+
   it.effect("layer: options, and a bad base URL fails fast", () =>
     Effect.gen(function*() {
       const double = makeDouble(() => json(200, null))
@@ -623,4 +904,157 @@ describe("Client configuration", () => {
       const bad = Client.layer({ baseUrl: "" }).pipe(Layer.provide(double.layer))
       expect(Exit.isFailure(yield* getVia(bad, []))).toBe(true)
     }))
+})
+
+describe("Client against the embedded kernel (current stage)", () => {
+  const echo = Agent.make({
+    id: "echo",
+    input: Schema.Struct({ text: Schema.String }),
+    state: Schema.Array(Schema.String),
+    handler: ({ text }, session) =>
+      Effect.gen(function*() {
+        const seen = Option.getOrElse(yield* session.previous, () => [])
+        return session.withState({ text, seen: seen.length }, [...seen, text])
+      })
+  })
+  const kit = (stage: "current" | "seed" = "current") => TestKernel.layer({ agents: [echo], stage })
+
+  it.effect("create with a session: pending while the session is busy; previous reads the stored state", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const first = yield* client.create("echo", { text: "a" }, { session: "chat:1" })
+      const second = yield* client.create("echo", { text: "b" }, { session: "chat:1" })
+      expect([first.status, first.session, second.status, second.session]).toEqual([
+        "running",
+        "chat:1",
+        "pending",
+        "chat:1"
+      ])
+      expect(yield* client.previous(first.id)).toBeNull()
+      const done = yield* kernel.settle(second.id)
+      expect(done.output).toEqual({ text: "b", seen: 1 })
+      expect((yield* client.get(second.id)).parentExecutionId).toBe(first.id)
+      expect(yield* client.previous(second.id)).toEqual(["a"])
+      const page = yield* client.list({ session: "chat:1", status: "completed" })
+      expect(page.executions.map((e) => e.id).sort()).toEqual([first.id, second.id].sort())
+      expect((yield* client.list({ session: "chat:2" })).executions).toEqual([])
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("idempotent create answers the first execution; bad input is a 400 and creates nothing", () =>
+    Effect.gen(function*() {
+      const client = yield* Client.Client
+      const created = yield* client.create("echo", { text: "a" }, { idempotencyKey: "order-7" })
+      const again = yield* client.create("echo", { text: "ignored" }, { idempotencyKey: "order-7" })
+      expect(again.id).toBe(created.id)
+      expect(again.idempotencyKey).toBe("order-7")
+      const refused = [
+        yield* Effect.flip(client.create("echo", {}, { agentVersion: "v1" })),
+        yield* Effect.flip(client.create("echo", {}, { session: " " })),
+        yield* Effect.flip(client.create("echo", {}, { spawnedBy: { executionId: created.id, stepId: "a".repeat(64) } }))
+      ]
+      expect(refused.map((e) => [e._tag, (e as KernelError).status, (e as KernelError).code])).toEqual([
+        ["KernelError", 400, "validation_error"],
+        ["KernelError", 400, "validation_error"],
+        ["KernelError", 400, "validation_error"]
+      ])
+      expect((refused[2] as KernelError).reason.description).toBe(
+        "validation error: spawned_by names no step of the parent execution"
+      )
+      expect((yield* client.list()).executions.map((e) => e.id)).toEqual([created.id])
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("an explicit parent: previous reads its state; a parent that is not completed is 409 conflict", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const parent = yield* kernel.run(echo, { text: "root" })
+      const child = yield* client.create("echo", { text: "next" }, { parentExecutionId: parent.executionId })
+      expect(child.parentExecutionId).toBe(parent.executionId)
+      expect(yield* client.previous(child.id)).toEqual(["root"])
+      expect((yield* kernel.settle(child.id)).output).toEqual({ text: "next", seen: 1 })
+      const running = yield* client.create("echo", { text: "later" })
+      const refused = yield* Effect.flip(client.create("echo", {}, { parentExecutionId: running.id }))
+      expect(refused).toMatchObject({
+        status: 409,
+        code: "conflict",
+        reason: { description: "conflict: the parent must be a completed execution of the same agent" }
+      })
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("cancel of a terminal execution is a typed 409 conflict StatusError", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const run = yield* kernel.run(echo, { text: "a" })
+      const error = yield* Effect.flip(client.cancel(run.executionId))
+      expect(error).toBeInstanceOf(KernelError)
+      expect(error).toMatchObject({
+        status: 409,
+        code: "conflict",
+        reason: { _tag: "StatusError", description: "conflict: execution is already terminal" }
+      })
+      expect((yield* client.get(run.executionId)).status).toBe("completed")
+      const pending = yield* client.create("echo", { text: "b" })
+      yield* client.cancel(pending.id)
+      expect((yield* client.get(pending.id)).status).toBe("cancelled")
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("API keys: create, list, rotate and delete on the wire; a key's token authenticates with its scopes", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const created = yield* client.createApiKey({ name: "  ci  ", scopes: ["executions:write", "executions:read", "executions:read"] })
+      expect(created).toMatchObject({ name: "ci", scopes: ["executions:read", "executions:write"] })
+      expect(Redacted.value(created.token)).toMatch(new RegExp(`^rbk_${created.id}\\.[A-Za-z0-9_-]{43}$`))
+      expect(JSON.stringify(created)).not.toContain(Redacted.value(created.token))
+      const ci = yield* kernel.client({ apiKey: created.token })
+      const execution = yield* ci.create("echo", { text: "x" })
+      expect((yield* ci.get(execution.id)).id).toBe(execution.id)
+      expect(yield* Effect.flip(ci.listApiKeys())).toMatchObject({ status: 403, code: "forbidden" })
+      const refused = yield* Effect.flip(client.createApiKey({ name: "x", scopes: ["root"] }))
+      expect(refused).toMatchObject({ status: 400, code: "validation_error" })
+      expect(refused.reason.description).toBe("validation error: unknown scope \"root\"")
+      const rotated = yield* client.rotateApiKey(created.id)
+      expect([rotated.id, rotated.scopes]).toEqual([created.id, created.scopes])
+      expect(Redacted.value(rotated.token)).not.toBe(Redacted.value(created.token))
+      yield* client.deleteApiKey(created.id)
+      yield* client.deleteApiKey(created.id)
+      const listed = yield* client.listApiKeys()
+      expect(listed).toHaveLength(1)
+      expect(listed[0]).toMatchObject({ id: created.id, name: "ci", scopes: ["executions:read", "executions:write"] })
+      expect(listed[0]!.revokedAt).toBeDefined()
+      expect(yield* Effect.flip(client.rotateApiKey(created.id))).toMatchObject({ status: 409, code: "conflict" })
+      expect(yield* Effect.flip(client.rotateApiKey("01920000-0000-7000-8000-0000000000ff"))).toMatchObject({
+        status: 404,
+        code: "not_found"
+      })
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("agents: the current kernel's snake_case agent JSON decodes; the secret never comes back", () =>
+    Effect.gen(function*() {
+      const client = yield* Client.Client
+      const registered = yield* client.registerAgent({
+        id: "remote",
+        webhookUrl: "http://agent.invalid/webhook",
+        secret: Redacted.make("remote-secret"),
+        leaseTimeoutSeconds: 60
+      })
+      expect(registered).toMatchObject({ id: "remote", webhookUrl: "http://agent.invalid/webhook" })
+      expect(JSON.stringify(registered)).not.toContain("remote-secret")
+      expect((yield* client.listAgents()).map((a) => a.id)).toEqual(["echo", "remote"])
+      yield* client.loadPolicy("remote", "default_action: deny\n")
+      expect((yield* client.getAgent("remote")).policyBundle).toBe("default_action: deny\n")
+    }).pipe(Effect.provide(kit())))
+
+  it.effect("the seed stage: cancel of a terminal execution counts as done; agent_version is accepted", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const created = yield* client.create("echo", { text: "a" }, { agentVersion: "v7" })
+      expect(created.agentVersion).toBe("v7")
+      yield* kernel.settle(created.id)
+      yield* client.cancel(created.id)
+      expect(yield* Effect.flip(client.previous(created.id))).toMatchObject({ status: 404 })
+    }).pipe(Effect.provide(kit("seed"))))
 })

@@ -3,6 +3,8 @@ import { Cause, Config, ConfigProvider, Effect, Exit, Fiber, Layer, Redacted, Re
 import { TestClock } from "effect/testing"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
+import * as Signature from "../src/Signature.js"
+import { readFileSync } from "node:fs"
 import * as TrackedClock from "../src/testing/internal/trackedClock.js"
 import {
   caller,
@@ -27,7 +29,8 @@ const withClient = <A, E>(
 ) => {
   const double = makeDouble(script)
   return Effect.flatMap(
-    KernelClient.make({ baseUrl: "http://kernel:8080", secret: Redacted.make(SECRET), ...options }),
+    // Pinned to the seed stage (`sha256=` signatures): the current stage is tested below.
+    KernelClient.make({ baseUrl: "http://kernel:8080", secret: Redacted.make(SECRET), stage: "seed", ...options }),
     (client) => body(client, double.requests)
   ).pipe(Effect.provide(double.layer), TrackedClock.tracked)
 }
@@ -122,7 +125,7 @@ describe("KernelClient requests", () => {
             argsJson: "{\"query\":\"hello\"}",
             idempotency: "safe_to_retry"
           })
-          expect(decision).toEqual({ decision: "proceed", stepId: STEP })
+          expect(decision).toEqual({ decision: "proceed", stepId: STEP, ruleId: "r1" })
           const request = requests[0]!
           expect(request.method).toBe("POST")
           expect(request.url).toBe(`http://kernel:8080/v0/executions/${EXEC}/steps`)
@@ -669,7 +672,7 @@ describe("KernelClient layers", () => {
         return client.secret
       }).pipe(
         Effect.provide(KernelClient.layerConfig().pipe(Layer.provide(double.layer))),
-        withEnv([["REBUNO_URL", "http://env-kernel:9000/"], ["REBUNO_AGENT_SECRET", SECRET]])
+        withEnv([["REBUNO_URL", "http://env-kernel:9000/"], ["REBUNO_AGENT_SECRET", SECRET], ["REBUNO_STAGE", "seed"]])
       )
       const request = double.requests[double.requests.length - 1]!
       expect(request.url).toBe(`http://env-kernel:9000/v0/executions/${EXEC}/heartbeat`)
@@ -727,5 +730,439 @@ describe("KernelClient layers", () => {
         expect(Exit.isFailure(exit)).toBe(true)
         expect(Result.isFailure(Result.fail(failureOf(exit)))).toBe(true)
       }
+    }))
+})
+
+// ---------------------------------------------------------------------------
+// The current stage (PROTOCOL-CURRENT C.2–C.5, C.13)
+// ---------------------------------------------------------------------------
+
+interface CurrentVector {
+  readonly name: string
+  readonly secret: string
+  readonly method: string
+  readonly target: string
+  readonly body: string
+  readonly timestamp: string
+  readonly dispatch_id: string
+  readonly dispatch_attempt: string
+  readonly signature: string
+}
+const currentVectors = (JSON.parse(
+  readFileSync(new URL("../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
+) as { readonly v1_requests: ReadonlyArray<CurrentVector> }).v1_requests
+const vector = (name: string) => currentVectors.find((v) => v.name === name)!
+
+/** The C.14 vectors' execution and lease. */
+const VECTOR_EXEC = "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
+const vectorLease: KernelClient.Caller = {
+  agentId: "test-agent",
+  lease: { dispatchId: "01920000-0000-7000-8000-000000000001", attempt: 3 }
+}
+
+/** A client with the default stage (`auto`) over the double. */
+const withCurrent = <A, E>(
+  script: (request: Recorded, index: number) => Answer,
+  body: (client: KernelClient.KernelClient.Service, requests: ReadonlyArray<Recorded>) => Effect.Effect<A, E>,
+  options: Partial<KernelClient.Options> = {}
+) => {
+  const double = makeDouble(script)
+  return Effect.flatMap(
+    KernelClient.make({ baseUrl: "http://kernel:8080", secret: "test-secret", ...options }),
+    (client) => body(client, double.requests)
+  ).pipe(Effect.provide(double.layer), TrackedClock.tracked)
+}
+
+/** Does the request carry a valid `v1=` signature (at the TestClock's time)? */
+const isV1 = (request: Recorded, secret = "test-secret") =>
+  Effect.gen(function*() {
+    const signature = request.headers["rebuno-signature"] ?? ""
+    if (!signature.startsWith("v1=")) return false
+    const url = new URL(request.url)
+    return yield* Signature.verifyV1(
+      secret,
+      {
+        method: request.method,
+        target: url.pathname + url.search,
+        timestamp: request.headers["rebuno-timestamp"] ?? "",
+        dispatchId: request.headers["rebuno-dispatch-id"] ?? "",
+        dispatchAttempt: request.headers["rebuno-dispatch-attempt"] ?? "",
+        body: request.body ?? new Uint8Array(0)
+      },
+      signature,
+      Number(request.headers["rebuno-timestamp"])
+    )
+  })
+
+const unauthorized = () => envelope(401, "unauthorized", "unauthorized")
+
+describe("KernelClient, current stage: v1 by default (C.2.1)", () => {
+  it.effect("every call is signed v1= with a timestamp; sha256= is never sent", () =>
+    withCurrent(
+      (request) =>
+        request.method === "GET" ?
+          json(200, EXECUTION_WIRE) :
+          request.url.endsWith("/steps") ?
+          json(200, { decision: "proceed", step_id: STEP }) :
+          request.url.includes("/steps/") ?
+          json(200, { decision: "recorded" }) :
+          noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_123_000)
+          yield* client.getExecution({ agentId: "hello" }, EXEC)
+          yield* client.submitStep(caller, EXEC, {
+            kind: "tool_call",
+            target: "web_search",
+            argsJson: "{\"query\":\"hello\"}",
+            idempotency: "safe_to_retry"
+          })
+          yield* client.completeStep(caller, EXEC, STEP, "1")
+          yield* client.heartbeat(caller, EXEC)
+          yield* client.completeExecution(caller, EXEC, "1")
+          expect(requests).toHaveLength(5)
+          for (const request of requests) {
+            expect(request.headers["rebuno-timestamp"]).toBe("1700000123")
+            expect(yield* isV1(request)).toBe(true)
+          }
+          expect(yield* client.signingScheme!).toBe("v1")
+        })
+    ))
+
+  it.effect("stage current and signing v1 sign v1=; stage seed and v0.14.0 sign sha256=", () =>
+    Effect.gen(function*() {
+      for (const [options, scheme] of [
+        [{ stage: "current" }, "v1"],
+        [{ signing: "v1" }, "v1"],
+        [{ stage: "seed" }, "sha256"],
+        [{ stage: "v0.14.0" }, "sha256"],
+        [{ stage: "current", signing: "sha256" }, "sha256"]
+      ] as const) {
+        yield* withCurrent(
+          () => noContent(),
+          (client, requests) =>
+            Effect.gen(function*() {
+              yield* client.heartbeat(caller, EXEC)
+              expect(requests[0]!.headers["rebuno-signature"]!.startsWith(`${scheme}=`)).toBe(true)
+              expect("rebuno-timestamp" in requests[0]!.headers).toBe(scheme === "v1")
+              expect(yield* client.signingScheme!).toBe(scheme)
+            }),
+          options
+        )
+      }
+    }))
+
+  it.effect("an unknown stage is a ConfigError", () =>
+    Effect.gen(function*() {
+      const exit = yield* Effect.exit(
+        KernelClient.make({ baseUrl: "http://k", secret: SECRET, stage: "v2" as KernelClient.Stage }).pipe(
+          Effect.provide(makeDouble(() => noContent()).layer)
+        )
+      )
+      expect(failureOf(exit)).toBeInstanceOf(Config.ConfigError)
+    }))
+})
+
+describe("KernelClient, current stage: the new calls and the C.14 vectors", () => {
+  it.effect("previous: GET …/previous, no lease headers, the vector's signature; answers the state", () =>
+    withCurrent(
+      () => json(200, { state: { messages: ["hi"] } }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          expect(yield* client.previous!({ agentId: "test-agent" }, VECTOR_EXEC)).toEqual({ messages: ["hi"] })
+          const v = vector("previous_get")
+          expect(requests[0]!.method).toBe(v.method)
+          expect(new URL(requests[0]!.url).pathname).toBe(v.target)
+          expect(requests[0]!.body).toBeUndefined()
+          expect(requests[0]!.headers).toEqual({
+            "content-type": "application/json",
+            "rebuno-agent-id": "test-agent",
+            "rebuno-timestamp": v.timestamp,
+            "rebuno-signature": v.signature
+          })
+        })
+    ))
+
+  it.effect("previous: null state, a missing member, 404 and 403 (C.4.6)", () =>
+    withCurrent(
+      (_, index) =>
+        [
+          json(200, { state: null }),
+          json(200, {}),
+          new Response("404 page not found\n", { status: 404, headers: { "content-type": "text/plain" } }),
+          envelope(403, "forbidden", "forbidden")
+        ][index]!,
+      (client) =>
+        Effect.gen(function*() {
+          expect(yield* client.previous!({ agentId: "hello" }, EXEC)).toBeNull()
+          expect(yield* client.previous!({ agentId: "hello" }, EXEC)).toBeNull()
+          const notFound = failureOf(yield* Effect.exit(client.previous!({ agentId: "hello" }, EXEC)))
+          expect(notFound).toMatchObject({ status: 404, code: "internal_error" })
+          const forbidden = failureOf(yield* Effect.exit(client.previous!({ agentId: "hello" }, EXEC)))
+          expect(forbidden).toMatchObject({ status: 403, code: "forbidden" })
+        })
+    ))
+
+  it.effect("suspend: POST …/suspend with the lease and an empty body; the vector's signature (C.5.2)", () =>
+    withCurrent(
+      (_, index) => json(200, { suspended: index === 0 }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          expect(yield* client.suspend!(vectorLease, VECTOR_EXEC)).toBe(true)
+          expect(yield* client.suspend!(vectorLease, VECTOR_EXEC)).toBe(false)
+          const v = vector("suspend")
+          expect(new URL(requests[0]!.url).pathname).toBe(v.target)
+          expect(requests[0]!.method).toBe("POST")
+          expect(requests[0]!.text).toBe("")
+          expect(requests[0]!.headers).toEqual({
+            "content-type": "application/json",
+            "rebuno-agent-id": "test-agent",
+            "rebuno-timestamp": v.timestamp,
+            "rebuno-signature": v.signature,
+            "rebuno-dispatch-id": v.dispatch_id,
+            "rebuno-dispatch-attempt": v.dispatch_attempt
+          })
+        })
+    ))
+
+  it.effect("suspend: lease_superseded, execution_terminal, other errors, and retries after a transport failure", () =>
+    withCurrent(
+      (_, index) =>
+        [
+          envelope(409, "lease_superseded", "lease superseded"),
+          envelope(409, "execution_terminal", "execution terminal"),
+          envelope(409, "conflict", "conflict: x"),
+          "transport" as const,
+          json(200, { suspended: true })
+        ][index]!,
+      (client, requests) =>
+        Effect.gen(function*() {
+          expect(failureOf(yield* Effect.exit(client.suspend!(caller, EXEC)))).toBeInstanceOf(LeaseSuperseded)
+          expect(failureOf(yield* Effect.exit(client.suspend!(caller, EXEC)))).toBeInstanceOf(Terminated)
+          expect(failureOf(yield* Effect.exit(client.suspend!(caller, EXEC)))).toMatchObject({
+            _tag: "KernelError",
+            status: 409,
+            code: "conflict"
+          })
+          expect(yield* driveClock(client.suspend!(caller, EXEC))).toEqual(Exit.succeed(true))
+          expect(requests).toHaveLength(5)
+        })
+    ))
+
+  it.effect("getStep: GET …/steps/{step_id}, agent-signed, decoded", () =>
+    withCurrent(
+      () =>
+        json(200, {
+          step_id: STEP,
+          execution_id: EXEC,
+          kind: "tool_call",
+          target: "summarizer",
+          status: "succeeded",
+          result: { summary: "s" }
+        }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const step = yield* client.getStep!({ agentId: "hello" }, EXEC, STEP)
+          expect(step).toMatchObject({ stepId: STEP, status: "succeeded", result: { summary: "s" } })
+          expect(requests[0]!.method).toBe("GET")
+          expect(requests[0]!.url).toBe(`http://kernel:8080/v0/executions/${EXEC}/steps/${STEP}`)
+          expect("rebuno-dispatch-id" in requests[0]!.headers).toBe(false)
+          expect(yield* isV1(requests[0]!)).toBe(true)
+        })
+    ))
+
+  it.effect("publishMetadata: PUT /v0/agents/{id}/metadata, every member present, no lease headers (C.3.1)", () =>
+    withCurrent(
+      (_, index) =>
+        index === 0 ? noContent() : new Response("404 page not found\n", { status: 404 }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* TestClock.setTime(1_700_000_000_000)
+          yield* client.publishMetadata!("test-agent", {
+            description: "Answers questions",
+            inputSchema: null,
+            outputSchema: null
+          })
+          const request = requests[0]!
+          expect(request.method).toBe("PUT")
+          expect(request.url).toBe("http://kernel:8080/v0/agents/test-agent/metadata")
+          expect(request.text).toBe("{\"description\":\"Answers questions\",\"input_schema\":null,\"output_schema\":null}")
+          expect(Object.keys(request.headers).sort()).toEqual([
+            "content-length",
+            "content-type",
+            "rebuno-agent-id",
+            "rebuno-signature",
+            "rebuno-timestamp"
+          ])
+          expect(yield* isV1(request)).toBe(true)
+          // The vector signs the Python SDK's bytes; the same signer over those bytes gives the vector.
+          const v = vector("metadata_put")
+          expect(yield* Signature.signV1(v.secret, { ...v, dispatchId: "", dispatchAttempt: "" })).toBe(v.signature)
+          // A kernel without the route: a plain 404, not retried.
+          yield* client.publishMetadata!("test-agent", {
+            description: null,
+            inputSchema: { type: "object" },
+            outputSchema: null
+          }).pipe(Effect.exit, Effect.map((exit) => expect(failureOf(exit)).toMatchObject({ status: 404 })))
+          expect(requests[1]!.text).toBe("{\"description\":null,\"input_schema\":{\"type\":\"object\"},\"output_schema\":null}")
+          expect(requests).toHaveLength(2)
+        })
+    ))
+
+  it.effect("completeExecution with state: {\"output\":…,\"state\":…} (C.4.5)", () =>
+    withCurrent(
+      () => noContent(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.completeExecution(caller, EXEC, "{\"answer\":42}", "{\"messages\":[]}")
+          yield* client.completeExecution(caller, EXEC, undefined, "{\"n\":1}")
+          yield* client.completeExecution(caller, EXEC, "1")
+          expect(requests.map((r) => r.text)).toEqual([
+            "{\"output\":{\"answer\":42},\"state\":{\"messages\":[]}}",
+            "{\"state\":{\"n\":1}}",
+            "{\"output\":1}"
+          ])
+        })
+    ))
+
+  it.effect("a denial's rule_id is decoded (C.8.4)", () =>
+    withCurrent(
+      () => json(200, { decision: "denied", step_id: STEP, reason: "no email", rule_id: "block-email" }),
+      (client) =>
+        Effect.gen(function*() {
+          const decision = yield* client.submitStep(caller, EXEC, {
+            kind: "tool_call",
+            target: "send_email",
+            argsJson: "{}",
+            idempotency: "at_most_once"
+          })
+          expect(decision).toEqual({ decision: "denied", stepId: STEP, reason: "no email", ruleId: "block-email" })
+        })
+    ))
+})
+
+describe("KernelClient, stage auto: detecting an older kernel (C.13)", () => {
+  /** A v0.14.0 kernel: only sha256= signatures get through. */
+  const olderKernel = (request: Recorded): Answer =>
+    request.headers["rebuno-signature"]?.startsWith("sha256=") ?
+      (request.method === "GET" ? json(200, EXECUTION_WIRE) : noContent()) :
+      unauthorized()
+
+  it.effect("a 401 to the first read, then the read signed sha256= gets through: sha256= from then on", () =>
+    withCurrent(olderKernel, (client, requests) =>
+      Effect.gen(function*() {
+        const execution = yield* client.getExecution({ agentId: "hello" }, EXEC)
+        expect(execution.id).toBe(EXEC)
+        expect(requests.map((r) => r.headers["rebuno-signature"]!.split("=")[0])).toEqual(["v1", "sha256"])
+        expect(yield* client.signingScheme!).toBe("sha256")
+        yield* client.heartbeat(caller, EXEC)
+        yield* client.getExecution({ agentId: "hello" }, EXEC)
+        expect(requests.slice(2).map((r) => r.headers["rebuno-signature"]!.split("=")[0])).toEqual(["sha256", "sha256"])
+        expect(requests[2]!.headers["rebuno-signature"]).toBe(EMPTY_SIGNATURE)
+      }), { secret: SECRET }))
+
+  it.effect("a 401 that sha256= does not get through either: the scheme stays v1= and the first 401 is the error", () =>
+    withCurrent(
+      () => envelope(401, "unauthorized", "unauthorized"),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const error = failureOf(yield* Effect.exit(client.getExecution({ agentId: "hello" }, EXEC)))
+          expect(error).toMatchObject({ _tag: "KernelError", status: 401, code: "unauthorized" })
+          expect(requests).toHaveLength(2)
+          expect(yield* client.signingScheme!).toBe("v1")
+        })
+    ))
+
+  it.effect("an upgraded kernel: signing sha256=, a 401 the v1= read gets through switches back", () =>
+    withCurrent(
+      (request) =>
+        request.headers["rebuno-signature"]?.startsWith("v1=") ? json(200, EXECUTION_WIRE) : unauthorized(),
+      (client, requests) =>
+        Effect.gen(function*() {
+          yield* client.observeWebhook!({ executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined })
+          expect(yield* client.signingScheme!).toBe("sha256")
+          yield* client.getExecution({ agentId: "hello" }, EXEC)
+          expect(requests.map((r) => r.headers["rebuno-signature"]!.split("=")[0])).toEqual(["sha256", "v1"])
+          expect(yield* client.signingScheme!).toBe("v1")
+        })
+    ))
+
+  it.effect("only the first read detects: other calls answered 401 are errors as they are", () =>
+    withCurrent(olderKernel, (client, requests) =>
+      Effect.gen(function*() {
+        const error = failureOf(yield* Effect.exit(client.heartbeat(caller, EXEC)))
+        expect(error).toMatchObject({ status: 401 })
+        expect(requests).toHaveLength(1)
+        expect(yield* client.signingScheme!).toBe("v1")
+      })))
+
+  it.effect("pinned stages and signing never fall back", () =>
+    Effect.gen(function*() {
+      for (const options of [{ stage: "current" as const }, { signing: "v1" as const }]) {
+        yield* withCurrent(olderKernel, (client, requests) =>
+          Effect.gen(function*() {
+            expect(failureOf(yield* Effect.exit(client.getExecution({ agentId: "hello" }, EXEC)))).toMatchObject({
+              status: 401
+            })
+            yield* client.observeWebhook!({ executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined })
+            expect(requests).toHaveLength(1)
+            expect(yield* client.signingScheme!).toBe("v1")
+          }), options)
+      }
+    }))
+
+  it.effect("a webhook without dispatch_attempt means v0.14.0; one with it changes nothing", () =>
+    withCurrent(() => noContent(), (client, requests) =>
+      Effect.gen(function*() {
+        yield* client.observeWebhook!({ executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: 1, leaseTimeoutSeconds: 120 })
+        expect(yield* client.signingScheme!).toBe("v1")
+        yield* client.observeWebhook!({ executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined })
+        expect(yield* client.signingScheme!).toBe("sha256")
+        yield* client.heartbeat({ agentId: "hello", lease: { dispatchId: DISPATCH, attempt: undefined } }, EXEC)
+        expect(requests[0]!.headers["rebuno-signature"]).toBe(EMPTY_SIGNATURE)
+      }), { secret: SECRET }))
+})
+
+describe("KernelClient layers: REBUNO_STAGE", () => {
+  const double = makeDouble(() => noContent())
+  const scheme = Effect.flatMap(KernelClient.KernelClient, (client) =>
+    Effect.andThen(client.heartbeat(caller, EXEC), client.signingScheme!))
+  const env = [["REBUNO_URL", "http://env-kernel"], ["REBUNO_AGENT_SECRET", SECRET]] as const
+
+  it.effect.each([
+    [undefined, "v1"],
+    ["auto", "v1"],
+    ["current", "v1"],
+    ["seed", "sha256"],
+    ["v0.14.0", "sha256"]
+  ] as const)("REBUNO_STAGE=%s signs %s=", ([stage, expected]) =>
+    Effect.gen(function*() {
+      const got = yield* scheme.pipe(
+        Effect.provide(KernelClient.layerConfig().pipe(Layer.provide(double.layer))),
+        withEnv(stage === undefined ? env : [...env, ["REBUNO_STAGE", stage]])
+      )
+      expect(got).toBe(expected)
+      expect(double.requests[double.requests.length - 1]!.headers["rebuno-signature"]!.startsWith(`${expected}=`)).toBe(
+        true
+      )
+    }))
+
+  it.effect("an unknown REBUNO_STAGE fails fast; the stage option wins over it", () =>
+    Effect.gen(function*() {
+      const exit = yield* scheme.pipe(
+        Effect.provide(KernelClient.layerConfig().pipe(Layer.provide(double.layer))),
+        withEnv([...env, ["REBUNO_STAGE", "v2"]]),
+        Effect.exit
+      )
+      const error = failureOf(exit)
+      expect(error).toBeInstanceOf(Config.ConfigError)
+      expect(String(error)).toContain("REBUNO_STAGE")
+      const pinned = yield* scheme.pipe(
+        Effect.provide(KernelClient.layerConfig({ stage: "seed" }).pipe(Layer.provide(double.layer))),
+        withEnv([...env, ["REBUNO_STAGE", "current"]])
+      )
+      expect(pinned).toBe("sha256")
     }))
 })

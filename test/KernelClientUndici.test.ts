@@ -19,6 +19,7 @@ import { Cause, Config, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Opt
 import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import * as Net from "node:net"
+import * as Client from "../src/Client.js"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "../src/RebunoError.js"
 import {
@@ -195,7 +196,8 @@ const buildClient = (
   options: Partial<KernelClient.UndiciOptions> & { readonly baseUrl: string }
 ) =>
   Effect.map(
-    Layer.build(clientLayer(transport, { secret: Redacted.make(SECRET), ...options })),
+    // Pinned to the seed stage (`sha256=` signatures) unless a test says otherwise.
+    Layer.build(clientLayer(transport, { secret: Redacted.make(SECRET), stage: "seed", ...options })),
     (context) => Context.get(context, KernelClient.KernelClient)
   )
 
@@ -465,7 +467,7 @@ describe("KernelClient undici transport: answers", () => {
       expect(yield* client.failStep(caller, EXEC, STEP, "x")).toEqual({ decision: "replay", error: { message: "old" } })
       expect(yield* client.heartbeat(caller, EXEC)).toBeUndefined()
       server.setHandler((_r, _i, res) => sendJson(res, 200, { decision: "proceed", step_id: STEP, rule_id: "r1" }))
-      expect(yield* client.submitStep(caller, EXEC, submission)).toEqual({ decision: "proceed", stepId: STEP })
+      expect(yield* client.submitStep(caller, EXEC, submission)).toEqual({ decision: "proceed", stepId: STEP, ruleId: "r1" })
       expect(server.received).toHaveLength(5)
     }))
 
@@ -798,7 +800,7 @@ describe("KernelClient undici transport: layerUndiciConfig", () => {
       const server = yield* startServer((_request, _index, res) => noContent(res))
       yield* heartbeat.pipe(
         Effect.provide(KernelClient.layerUndiciConfig()),
-        env([["REBUNO_URL", `${server.url}/env/`], ["REBUNO_AGENT_SECRET", "env-secret"]])
+        env([["REBUNO_URL", `${server.url}/env/`], ["REBUNO_AGENT_SECRET", "env-secret"], ["REBUNO_STAGE", "seed"]])
       )
       expect(server.received).toHaveLength(1)
       const request = server.received[0]!
@@ -811,7 +813,11 @@ describe("KernelClient undici transport: layerUndiciConfig", () => {
     Effect.gen(function*() {
       const server = yield* startServer((_request, _index, res) => noContent(res))
       const unused = yield* freePort
-      const provider = env([["REBUNO_URL", `http://127.0.0.1:${unused}/env`], ["REBUNO_AGENT_SECRET", "env-secret"]])
+      const provider = env([
+        ["REBUNO_URL", `http://127.0.0.1:${unused}/env`],
+        ["REBUNO_AGENT_SECRET", "env-secret"],
+        ["REBUNO_STAGE", "seed"]
+      ])
       yield* heartbeat.pipe(
         Effect.provide(KernelClient.layerUndiciConfig({ baseUrl: `${server.url}/option`, secret: "option-secret" })),
         provider
@@ -860,3 +866,199 @@ describe("KernelClient undici transport: layerUndiciConfig", () => {
       }
     }))
 })
+
+// ---------------------------------------------------------------------------
+// The current stage (PROTOCOL-CURRENT C.2–C.5, C.13) on both transports
+// ---------------------------------------------------------------------------
+
+/** The signature of a received request, verified against its bytes (`v1=` at the time it carries). */
+const verifyReceived = (request: Received, secret = SECRET) =>
+  Effect.gen(function*() {
+    const signature = request.headers["rebuno-signature"] as string
+    if (signature.startsWith("sha256=")) return yield* Signature.verify(secret, request.body, signature)
+    const timestamp = request.headers["rebuno-timestamp"] as string
+    return yield* Signature.verifyV1(secret, {
+      method: request.method,
+      target: request.path,
+      timestamp,
+      dispatchId: (request.headers["rebuno-dispatch-id"] as string | undefined) ?? "",
+      dispatchAttempt: (request.headers["rebuno-dispatch-attempt"] as string | undefined) ?? "",
+      body: request.body
+    }, signature, Number(timestamp))
+  })
+
+/** A kernel of a given stage: it lets through only one signature scheme, else `401 unauthorized`. */
+const stagedKernel = (accepts: "v1=" | "sha256="): Handler => (request, index, res) =>
+  (request.headers["rebuno-signature"] as string | undefined)?.startsWith(accepts) ?
+    currentLike(request, index, res) :
+    sendEnvelope(res, 401, "unauthorized", "unauthorized")
+
+/** Every route of the current stage answered as a kernel would. */
+const currentLike: Handler = (request, index, res) => {
+  const path = request.path
+  if (request.method === "PUT") return noContent(res)
+  if (path.endsWith("/previous")) return sendJson(res, 200, { state: { messages: ["hi"] } })
+  if (path.endsWith("/suspend")) return sendJson(res, 200, { suspended: true })
+  if (request.method === "GET" && path.includes("/steps/")) {
+    return sendJson(res, 200, { step_id: STEP, execution_id: EXEC, status: "succeeded", result: { summary: "s" } })
+  }
+  return kernelLike(request, index, res)
+}
+
+const everyCurrentCall = (client: KernelClient.KernelClient.Service) =>
+  Effect.gen(function*() {
+    yield* client.publishMetadata!("hello", {
+      description: "Says hello",
+      inputSchema: { type: "object", properties: { query: { type: "string" } } },
+      outputSchema: null
+    })
+    const previous = yield* client.previous!({ agentId: "hello" }, EXEC)
+    const step = yield* client.getStep!({ agentId: "hello" }, EXEC, STEP)
+    const suspended = yield* client.suspend!(caller, EXEC)
+    yield* client.completeExecution(caller, EXEC, "{\"reply\":\"hi\"}", "{\"messages\":[\"hi\"]}")
+    return { previous, step: { stepId: step.stepId, status: step.status, result: step.result }, suspended }
+  })
+
+const EXPECTED_CURRENT_CALLS: ReadonlyArray<readonly [method: string, route: string, body: string]> = [
+  [
+    "PUT",
+    "/v0/agents/hello/metadata",
+    "{\"description\":\"Says hello\",\"input_schema\":{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"}}},\"output_schema\":null}"
+  ],
+  ["GET", `/v0/executions/${EXEC}/previous`, ""],
+  ["GET", `/v0/executions/${EXEC}/steps/${STEP}`, ""],
+  ["POST", `/v0/executions/${EXEC}/suspend`, ""],
+  ["POST", `/v0/executions/${EXEC}/complete`, "{\"output\":{\"reply\":\"hi\"},\"state\":{\"messages\":[\"hi\"]}}"]
+]
+
+describe("KernelClient undici transport: the current stage", () => {
+  it.live("the new calls send the same bytes on both transports, v1= signed by default", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer(stagedKernel("v1="))
+      const baseUrl = `${server.url}/prefix`
+      const viaHttpClient = yield* everyCurrentCall(yield* buildClient("httpClient", { baseUrl, stage: "auto" }))
+      const httpRequests = [...server.received]
+      server.reset()
+      const viaUndici = yield* everyCurrentCall(yield* buildClient("undici", { baseUrl, stage: "auto" }))
+      const undiciRequests = [...server.received]
+
+      expect(undiciRequests.map((r) => [r.method, r.path, r.body.toString("utf8")])).toEqual(
+        EXPECTED_CURRENT_CALLS.map(([method, route, body]) => [method, "/prefix" + route, body])
+      )
+      const withoutTime = (r: Received) => {
+        const { "rebuno-signature": _s, "rebuno-timestamp": _t, ...headers } = wireView(r).headers
+        return { ...wireView(r), headers }
+      }
+      expect(undiciRequests.map(withoutTime)).toEqual(httpRequests.map(withoutTime))
+      expect(viaUndici).toEqual(viaHttpClient)
+      expect(viaUndici).toEqual({
+        previous: { messages: ["hi"] },
+        step: { stepId: STEP, status: "succeeded", result: { summary: "s" } },
+        suspended: true
+      })
+      // metadata, reads: no lease headers; suspend and complete: the lease
+      expect(undiciRequests.map((r) => r.headers["rebuno-dispatch-id"])).toEqual([
+        undefined,
+        undefined,
+        undefined,
+        DISPATCH,
+        DISPATCH
+      ])
+      for (const request of [...undiciRequests, ...httpRequests]) {
+        expect((request.headers["rebuno-signature"] as string).startsWith("v1=")).toBe(true)
+        expect(yield* verifyReceived(request)).toBe(true)
+      }
+    }))
+
+  it.live.each(["undici", "httpClient"] as const)(
+    "%s: against a v0.14.0-like kernel, auto falls back to sha256= after the first read's 401",
+    (transport) =>
+      Effect.gen(function*() {
+        const server = yield* startServer(stagedKernel("sha256="))
+        const client = yield* buildClient(transport, { baseUrl: server.url, stage: "auto" })
+        const execution = yield* client.getExecution({ agentId: "hello" }, EXEC)
+        expect(execution.id).toBe(EXEC)
+        yield* client.submitStep(caller, EXEC, submission)
+        yield* client.heartbeat(caller, EXEC)
+        expect(server.received.map((r) => (r.headers["rebuno-signature"] as string).split("=")[0])).toEqual([
+          "v1",
+          "sha256",
+          "sha256",
+          "sha256"
+        ])
+        expect(server.received[3]!.headers["rebuno-signature"]).toBe(EMPTY_SIGNATURE)
+        for (const request of server.received) expect(yield* verifyReceived(request)).toBe(true)
+        expect(yield* client.signingScheme!).toBe("sha256")
+      })
+  )
+
+  it.live.each(["undici", "httpClient"] as const)(
+    "%s: a current-stage kernel refuses sha256= (stage seed gets 401); auto and current get through",
+    (transport) =>
+      Effect.gen(function*() {
+        const server = yield* startServer(stagedKernel("v1="))
+        const seed = yield* buildClient(transport, { baseUrl: server.url, stage: "seed" })
+        expect(failureOf(yield* Effect.exit(seed.getExecution({ agentId: "hello" }, EXEC)))).toMatchObject({
+          status: 401,
+          code: "unauthorized"
+        })
+        for (const stage of ["auto", "current"] as const) {
+          const client = yield* buildClient(transport, { baseUrl: server.url, stage })
+          expect((yield* client.getExecution({ agentId: "hello" }, EXEC)).id).toBe(EXEC)
+          expect(yield* client.signingScheme!).toBe("v1")
+        }
+        // seed: one request (no detection); auto and current: one each
+        expect(server.received).toHaveLength(3)
+      })
+  )
+
+  it.live("layerUndiciConfig reads REBUNO_STAGE", () =>
+    Effect.gen(function*() {
+      const server = yield* startServer((_request, _index, res) => noContent(res))
+      const env = (stage: string) =>
+        Effect.provideService(
+          ConfigProvider.ConfigProvider,
+          ConfigProvider.fromUnknown({ REBUNO_URL: server.url, REBUNO_AGENT_SECRET: SECRET, REBUNO_STAGE: stage })
+        )
+      const beat = Effect.flatMap(KernelClient.KernelClient, (client) => client.heartbeat(caller, EXEC))
+      yield* beat.pipe(Effect.provide(KernelClient.layerUndiciConfig()), env("current"))
+      yield* beat.pipe(Effect.provide(KernelClient.layerUndiciConfig()), env("v0.14.0"))
+      expect(server.received.map((r) => (r.headers["rebuno-signature"] as string).split("=")[0])).toEqual([
+        "v1",
+        "sha256"
+      ])
+    }))
+
+  // The reference kernel v0.14.0 (`rebuno dev`, e.g. on 127.0.0.1:8181): the default client meets it.
+  const reference = process.env["REBUNO_REFERENCE_URL"]
+  it.live.skipIf(reference === undefined)(
+    "auto detects the reference kernel (REBUNO_REFERENCE_URL) on the first read",
+    () =>
+      Effect.gen(function*() {
+        const admin = yield* buildReferenceAdmin(reference!)
+        const agentId = `stage-probe-${Date.now()}`
+        yield* admin.registerAgent({ id: agentId, webhookUrl: "http://127.0.0.1:9/webhook", secret: SECRET })
+        const created = yield* admin.create(agentId, { probe: true })
+        for (const transport of ["undici", "httpClient"] as const) {
+          const client = yield* buildClient(transport, { baseUrl: reference!, stage: "auto" })
+          expect(yield* client.signingScheme!).toBe("v1")
+          const execution = yield* client.getExecution({ agentId }, created.id)
+          expect(execution.id).toBe(created.id)
+          expect(yield* client.signingScheme!).toBe("sha256")
+        }
+        yield* Effect.ignore(admin.cancel(created.id))
+      }),
+    30_000
+  )
+})
+
+const buildReferenceAdmin = (baseUrl: string) =>
+  Effect.map(
+    Layer.build(
+      Client.layer({
+        baseUrl,
+        ...(process.env["REBUNO_REFERENCE_TOKEN"] === undefined ? {} : { apiKey: process.env["REBUNO_REFERENCE_TOKEN"] })
+      }).pipe(Layer.provide(NodeHttpClient.layerUndici))
+    ),
+    (context) => Context.get(context, Client.Client)
+  )

@@ -24,6 +24,8 @@ import {
   TransportError
 } from "../src/RebunoError.js"
 import { cutDeltas, DeltaBuffer } from "../src/internal/run/llmStream.js"
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
 import * as FakeOpenAi from "./support/fakeOpenAi.js"
 
 // ---------------------------------------------------------------------------
@@ -869,4 +871,129 @@ describe("stream buffer", () => {
     expect(pieces.join("")).toBe(text)
     expect(pieces.every((p) => p.length <= 1750 && p.length % 2 === 0)).toBe(true)
   })
+})
+
+// ---------------------------------------------------------------------------
+// Usage (PROTOCOL-CURRENT C.8.5)
+// ---------------------------------------------------------------------------
+
+/**
+ * The kernel's usage extraction of C.8.5, written from the text: the result's
+ * non-empty string `body` (else the result), parsed as JSON or else as SSE
+ * `data:` lines; every object walked; the largest number per direction.
+ */
+const extractUsage = (resultJson: string): { readonly input: number; readonly output: number } | undefined => {
+  const INPUT = ["prompt_tokens", "input_tokens", "inputTokens", "promptTokenCount", "prompt_eval_count"]
+  const OUTPUT = ["completion_tokens", "output_tokens", "outputTokens", "candidatesTokenCount", "eval_count"]
+  const result = JSON.parse(resultJson) as unknown
+  const body = typeof result === "object" && result !== null && typeof (result as { body?: unknown }).body === "string" &&
+      (result as { body: string }).body !== ""
+    ? (result as { body: string }).body
+    : undefined
+  let values: Array<unknown> = []
+  if (body === undefined) values = [result]
+  else {
+    try {
+      values = [JSON.parse(body)]
+    } catch {
+      for (const line of body.split("\n")) {
+        if (!line.startsWith("data:")) continue
+        try {
+          values.push(JSON.parse(line.slice("data:".length)))
+        } catch {
+          // not JSON: skipped
+        }
+      }
+    }
+  }
+  let input = 0
+  let output = 0
+  const walk = (u: unknown): void => {
+    if (Array.isArray(u)) return u.forEach(walk)
+    if (typeof u !== "object" || u === null) return
+    for (const [key, value] of Object.entries(u)) {
+      if (typeof value === "number" && INPUT.includes(key)) input = Math.max(input, value)
+      else if (typeof value === "number" && OUTPUT.includes(key)) output = Math.max(output, value)
+      else walk(value)
+    }
+  }
+  values.forEach(walk)
+  return input > 0 || output > 0 ? { input, output } : undefined
+}
+
+/** An OpenAI-style server whose streamed answer ends with a usage chunk (`stream_options.include_usage`). */
+const usageStreamServer = Effect.acquireRelease(
+  Effect.callback<{ readonly url: string; readonly close: () => void }>((resume) => {
+    const server = createServer((_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" })
+      res.write("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+      res.write("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":7,\"total_tokens\":18}}\n\n")
+      res.end("data: [DONE]\n\n")
+    })
+    server.listen(0, "127.0.0.1", () =>
+      resume(Effect.succeed({
+        url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/chat/completions`,
+        close: () => server.close()
+      })))
+  }),
+  (server) => Effect.sync(server.close)
+)
+
+describe("LLM usage is recorded where the kernel reads it (PROTOCOL-CURRENT C.8.5)", () => {
+  it.effect("makeFetch and transformClient: the recorded body keeps the provider's usage", () =>
+    Effect.gen(function*() {
+      const fake = yield* FakeOpenAi.scoped({ reply: "with usage" })
+      const viaFetch = new TestKernel()
+      yield* Effect.flatMap(Llm.makeFetch(), (fetch) => askText(openai(fake, fetch))).pipe(inRun(viaFetch))
+      const viaClient = new TestKernel()
+      yield* createCompletion.pipe(Effect.provide(openAiLayer(fake)), inRun(viaClient))
+      for (const kernel of [viaFetch, viaClient]) {
+        expect(JSON.parse(kernel.recorded().body).usage).toEqual({ prompt_tokens: 3, completion_tokens: 5, total_tokens: 8 })
+        expect(extractUsage(kernel.completes[0]!.json)).toEqual({ input: 3, output: 5 })
+      }
+    }))
+
+  it.effect("a streamed answer: the recorded transcript keeps the usage chunk", () =>
+    Effect.gen(function*() {
+      const server = yield* usageStreamServer
+      const kernel = new TestKernel()
+      const answer = yield* Effect.flatMap(Llm.makeFetch(), (fetch) =>
+        post(fetch, server.url, JSON.stringify({ model: MODEL, stream: true, stream_options: { include_usage: true } }))).pipe(
+          inRun(kernel)
+        )
+      expect(answer.status).toBe(200)
+      expect(kernel.recorded().body).toContain("\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":7")
+      expect(extractUsage(kernel.completes[0]!.json)).toEqual({ input: 11, output: 7 })
+    }))
+
+  it.effect("a denial's rule_id reaches the PolicyError of a refused LLM call (C.8.4)", () =>
+    Effect.gen(function*() {
+      const fake = yield* FakeOpenAi.scoped()
+      const kernel = new TestKernel()
+      kernel.script.push({ decision: "denied", stepId: "s-1", reason: "budget", ruleId: "token-budget" })
+      const error = yield* Effect.flip(createCompletion).pipe(Effect.provide(openAiLayer(fake)), inRun(kernel))
+      const refusal = yield* Effect.flip(Llm.raiseForRefusal(error))
+      expect(refusal).toBeInstanceOf(PolicyError)
+      expect(refusal).toMatchObject({ reason: "budget" })
+      // the refusal answer is what the provider client sees: 403 with the C.12 body
+      expect(fake.calls).toBe(0)
+    }))
+
+  it.effect("rate-limit parking (blocked without approval_id): 403 blocked, and the run is Blocked with the reason", () =>
+    Effect.gen(function*() {
+      const kernel = new TestKernel()
+      kernel.script.push({ decision: "blocked", reason: "rate_limit_exceeded" })
+      const program = Effect.gen(function*() {
+        const fetch = yield* Llm.makeFetch({ fetch: () => Promise.reject(new Error("must not be called")) })
+        const answer = yield* post(fetch, "http://provider.invalid/v1/chat/completions", JSON.stringify({ model: MODEL }))
+        return { answer, signal: yield* Execution.signal }
+      })
+      const { answer, signal } = yield* program.pipe(inRun(kernel))
+      expect(answer).toEqual({
+        status: 403,
+        type: "application/json",
+        text: "{\"error\":{\"type\":\"rebuno_refusal\",\"message\":\"rebuno_refusal: blocked\"}}"
+      })
+      expect(Option.getOrUndefined(signal)).toMatchObject({ _tag: "Blocked", reason: "rate_limit_exceeded" })
+    }))
 })

@@ -99,8 +99,18 @@ describe("StepDecision", () => {
     [{ decision: "recorded" }, { decision: "recorded" }],
     // unknown members of newer kernels are ignored; empty strings count as absent
     [
-      { decision: "denied", step_id: "", reason: "", approval_id: "", rule_id: "r", resources: [] },
+      { decision: "denied", step_id: "", reason: "", approval_id: "", rule_id: "", resources: [] },
       { decision: "denied" }
+    ],
+    // the current stage's rule id of a denial (PROTOCOL-CURRENT C.8.4)
+    [
+      { decision: "denied", step_id: STEP, reason: "no email", rule_id: "block-email" },
+      { decision: "denied", stepId: STEP, reason: "no email", ruleId: "block-email" }
+    ],
+    // rate-limit parking: blocked without approval id or step id (C.8.3)
+    [
+      { decision: "blocked", reason: "rate_limit_exceeded" },
+      { decision: "blocked", reason: "rate_limit_exceeded" }
     ],
     [{ decision: "something_new" }, { decision: "something_new" }]
   ]
@@ -322,5 +332,150 @@ describe("request bodies", () => {
       webhook_url: "http://x",
       secret: "s3cret"
     })
+  })
+})
+
+describe("the current stage (PROTOCOL-CURRENT)", () => {
+  const PARENT = "0192f1a0-0000-7000-8000-0000000000aa"
+
+  it("Execution: session, parent, fork, idempotency key and spawned_by (C.4, C.5, C.7, C.10)", () => {
+    const execution = decode(Protocol.Execution, {
+      id: EXEC,
+      agent_id: "researcher",
+      input: { query: "hi" },
+      status: "running",
+      session: "chat:u42:c7",
+      parent_execution_id: PARENT,
+      forked_from: PARENT,
+      fork_seq: 12,
+      idempotency_key: "k-1",
+      spawned_by: { execution_id: PARENT, step_id: STEP },
+      restoration: { workspace: { checkpoint_ref: "snap-0", covered: true } },
+      created_at: "2026-08-18T19:40:54Z",
+      updated_at: "2026-08-18T19:40:54Z"
+    })
+    expect(execution).toMatchObject({
+      session: "chat:u42:c7",
+      parentExecutionId: PARENT,
+      forkedFrom: PARENT,
+      forkSeq: 12,
+      idempotencyKey: "k-1",
+      spawnedBy: { executionId: PARENT, stepId: STEP },
+      restoration: { workspace: { checkpoint_ref: "snap-0", covered: true } }
+    })
+    // no agent_version in the current stage: the seed member decodes as ""
+    expect(execution.agentVersion).toBe("")
+  })
+
+  it("Execution: the members omitted when empty are absent (null, \"\" and 0 count as empty)", () => {
+    for (
+      const wire of [
+        { id: EXEC, status: "running" },
+        {
+          id: EXEC,
+          status: "running",
+          session: "",
+          parent_execution_id: null,
+          forked_from: "",
+          fork_seq: 0,
+          idempotency_key: null,
+          spawned_by: null
+        }
+      ]
+    ) {
+      const execution = decode(Protocol.Execution, wire)
+      for (const member of ["session", "parentExecutionId", "forkedFrom", "forkSeq", "idempotencyKey", "spawnedBy"]) {
+        expect(member in execution).toBe(false)
+      }
+    }
+  })
+
+  it("Execution: a spawned_by that is not an object is refused", () => {
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.Execution)({ id: EXEC, spawned_by: "x" }))).toBe(true)
+  })
+
+  it("Agent: snake_case without the secret (C.10), and the Go names of older kernels", () => {
+    const current = decode(Protocol.Agent, {
+      id: "hello",
+      webhook_url: "http://localhost:5000/webhook",
+      policy_bundle: "rules: []",
+      registered_at: "2026-08-18T19:40:54Z",
+      lease_timeout_seconds: 60
+    })
+    expect({ ...current }).toEqual({
+      id: "hello",
+      webhookUrl: "http://localhost:5000/webhook",
+      policyBundle: "rules: []",
+      registeredAt: "2026-08-18T19:40:54Z",
+      leaseTimeoutSeconds: 60
+    })
+    const older = decode(Protocol.Agent, {
+      ID: "hello",
+      WebhookURL: "http://localhost:5000/webhook",
+      Secret: "leaked",
+      PolicyBundle: "",
+      RegisteredAt: "2026-08-18T19:40:54Z"
+    })
+    expect(older).toMatchObject({ id: "hello", webhookUrl: "http://localhost:5000/webhook", policyBundle: "" })
+    expect(older.leaseTimeoutSeconds).toBeUndefined()
+    expect(JSON.stringify(older)).not.toContain("leaked")
+    // optional members absent; a list of either spelling decodes
+    const list = decode(Protocol.NullableList(Protocol.Agent), [{ id: "a", webhook_url: "http://a" }, { ID: "b" }])
+    expect(list.map((a) => [a.id, a.webhookUrl, a.policyBundle])).toEqual([["a", "http://a", ""], ["b", "", ""]])
+    // encoding writes the current spelling
+    expect(Schema.encodeSync(Protocol.Agent)(current)).toEqual({
+      id: "hello",
+      webhook_url: "http://localhost:5000/webhook",
+      policy_bundle: "rules: []",
+      registered_at: "2026-08-18T19:40:54Z",
+      lease_timeout_seconds: 60
+    })
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.Agent)("hello"))).toBe(true)
+  })
+
+  it("ErrorEnvelope: details ignored", () => {
+    expect(decode(Protocol.ErrorEnvelope, { code: "validation_error", message: "m", details: { field: "x" } })).toEqual({
+      code: "validation_error",
+      message: "m"
+    })
+  })
+
+  it("request bodies and answers of the new routes", () => {
+    expect(decode(Protocol.CompleteExecutionBody, { output: { answer: 42 }, state: { messages: [] } })).toEqual({
+      output: { answer: 42 },
+      state: { messages: [] }
+    })
+    expect(
+      decode(Protocol.CreateExecutionBody, {
+        agent_id: "researcher",
+        input: { query: "hello" },
+        session: "chat:u42:c7",
+        parent_execution_id: PARENT,
+        idempotency_key: "k-1",
+        spawned_by: { execution_id: PARENT, step_id: STEP }
+      })
+    ).toEqual({
+      agentId: "researcher",
+      input: { query: "hello" },
+      session: "chat:u42:c7",
+      parentExecutionId: PARENT,
+      idempotencyKey: "k-1",
+      spawnedBy: { executionId: PARENT, stepId: STEP }
+    })
+    const metadata = { description: "Answers questions", inputSchema: null, outputSchema: { type: "object" } }
+    expect(Schema.encodeSync(Protocol.AgentMetadataBody)(metadata)).toEqual({
+      description: "Answers questions",
+      input_schema: null,
+      output_schema: { type: "object" }
+    })
+    expect(decode(Protocol.AgentMetadataBody, { description: null, input_schema: null, output_schema: null })).toEqual({
+      description: null,
+      inputSchema: null,
+      outputSchema: null
+    })
+    expect(decode(Protocol.PreviousState, { state: { n: 1 } })).toEqual({ state: { n: 1 } })
+    expect(decode(Protocol.PreviousState, {})).toEqual({ state: null })
+    expect(decode(Protocol.SuspendAnswer, { suspended: true })).toEqual({ suspended: true })
+    expect(Result.isFailure(Schema.decodeUnknownResult(Protocol.SuspendAnswer)({}))).toBe(true)
   })
 })

@@ -161,6 +161,49 @@ describe("Signature v1=", () => {
     }))
 })
 
+describe("Signature: the current stage's vectors (PROTOCOL-CURRENT C.14)", () => {
+  interface CurrentVector extends V1Vector {
+    readonly body_sha256: string
+  }
+  const current = fixture<{
+    readonly check_docs_vector: string
+    readonly v1_requests: ReadonlyArray<CurrentVector>
+    readonly webhook: { readonly secret: string; readonly body: string; readonly signature: string }
+  }>("current-vectors.json")
+
+  it("has the 8 v1 vectors of the new routes", () => {
+    expect(current.v1_requests.map((v) => v.name)).toEqual([
+      "metadata_put",
+      "submit_python_sdk_resources_empty",
+      "suspend",
+      "previous_get",
+      "register_resource",
+      "bind_resource",
+      "complete_with_state",
+      "complete_step_with_captures"
+    ])
+  })
+
+  it.effect.each(current.v1_requests.map((v) => [v.name, v] as const))("%s signs and verifies", ([, v]) =>
+    Effect.gen(function*() {
+      const req = toRequest(v)
+      expect(yield* Signature.signV1(v.secret, req)).toBe(v.signature)
+      expect(yield* Signature.verifyV1(v.secret, req, v.signature, Number(v.timestamp))).toBe(true)
+      // A current-stage kernel builds only the v1 message: the body-only scheme never matches (C.2.1).
+      expect(yield* Signature.sign(v.secret, v.body)).not.toBe("sha256=" + v.signature.slice("v1=".length))
+    }))
+
+  it.effect("the documentation's submit vector is the 17.B one", () =>
+    Effect.sync(() => expect(current.check_docs_vector).toBe(v1Vectors[v1Vectors.length - 1]!.signature)))
+
+  it.effect("the current-stage webhook (with dispatch_attempt and lease_timeout_seconds) keeps sha256=", () =>
+    Effect.gen(function*() {
+      const { body, secret, signature } = current.webhook
+      expect(yield* Signature.sign(secret, body)).toBe(signature)
+      expect(yield* Signature.verify(secret, new TextEncoder().encode(body), signature)).toBe(true)
+    }))
+})
+
 describe("timingSafeEqual", () => {
   it("compares whole values", () => {
     expect(Signature.timingSafeEqual("", "")).toBe(true)

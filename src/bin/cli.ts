@@ -15,6 +15,7 @@ import * as CliOutput from "effect/cli/CliOutput"
 import * as Command from "effect/cli/Command"
 import * as Flag from "effect/cli/Flag"
 import * as Config from "effect/Config"
+import * as ConfigProvider from "effect/ConfigProvider"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -25,6 +26,7 @@ import * as Runtime from "effect/Runtime"
 import * as KernelConfig from "../kernel/Config.js"
 import * as Kernel from "../kernel/index.js"
 import { parseMillis } from "../kernel/internal/duration.js"
+import { stages } from "../kernel/internal/model.js"
 
 const invalid = (message: string): Effect.Effect<never, CliError.CliError> =>
   Effect.fail(new CliError.ValidationError({ message }))
@@ -71,6 +73,10 @@ const devFlags = {
   apiToken: Flag.Redacted("api-token").pipe(
     Flag.withDescription("Bearer token for client/admin routes (REBUNO_API_TOKEN; default: dev mode, no auth)"),
     Flag.optional
+  ),
+  stage: Flag.Literals("stage", stages).pipe(
+    Flag.withDescription("Protocol stage: current, seed or v0.14.0 (REBUNO_STAGE, default current)"),
+    Flag.optional
   )
 }
 
@@ -98,6 +104,7 @@ export const dev = Command.make("dev", devFlags, (flags) =>
     const port = Option.getOrElse(flags.port, () => listen?.port ?? KernelConfig.defaults.port)
     const deadlineMs = Option.getOrElse(flags.deadlineTimeout, () => env.deadlineMs)
     const apiToken = Option.getOrUndefined(Option.orElse(flags.apiToken, () => env.apiToken))
+    const stage = Option.getOrElse(flags.stage, () => env.stage)
     const kernel = yield* Kernel.start({
       host,
       port,
@@ -106,14 +113,16 @@ export const dev = Command.make("dev", devFlags, (flags) =>
         leaseTimeoutMs: Option.getOrElse(flags.leaseTimeout, () => env.leaseTimeoutMs),
         maxAttempts: Option.getOrElse(flags.maxAttempts, () => env.maxAttempts),
         approvalTimeoutMs: Option.getOrElse(flags.approvalTimeout, () => env.approvalTimeoutMs),
-        deadlineMs: deadlineMs !== undefined && deadlineMs > 0 ? deadlineMs : undefined
+        deadlineMs: deadlineMs !== undefined && deadlineMs > 0 ? deadlineMs : undefined,
+        ...(Option.isSome(env.judge) ? { judge: Kernel.Policy.openAiJudge(env.judge.value) } : {})
       },
       dispatcher: {
         timeoutMs: Option.getOrElse(flags.dispatchTimeout, () => env.dispatchTimeoutMs),
         concurrency: Option.getOrElse(flags.concurrency, () => env.concurrency),
         deadlineCheckIntervalMs: env.deadlineCheckIntervalMs
       },
-      apiToken
+      apiToken,
+      stage
     })
     yield* Console.log(`effect-rebuno dev kernel listening on ${kernel.url}`)
     if (kernel.agents.length === 0) {
@@ -123,6 +132,8 @@ export const dev = Command.make("dev", devFlags, (flags) =>
       yield* Console.log(`registered agent ${agent.id} -> ${agent.webhookUrl}`)
     }
     yield* Console.log(apiToken === undefined ? "bearer auth: off (dev mode)" : "bearer auth: on")
+    yield* Console.log(`protocol stage: ${stage}`)
+    if (Option.isSome(env.judge)) yield* Console.log(`judge: ${env.judge.value.url}`)
     return yield* Effect.never
   }).pipe(
     Effect.scoped,
@@ -180,5 +191,7 @@ const teardown: Runtime.Teardown = (exit, onExit) =>
 
 run(process.argv).pipe(
   Effect.provide(NodeServices.layer),
+  // A variable set to "" is kept (the manifest's `$VAR` and the REBUNO_* checks see it), as in the reference kernel.
+  Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromEnv({ preserveEmptyStrings: true })),
   NodeRuntime.runMain({ disableErrorReporting: true, teardown })
 )

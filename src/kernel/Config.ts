@@ -1,7 +1,8 @@
 /**
  * Settings of the embedded kernel read with Effect's `Config`: the reference
  * kernel's `REBUNO_*` environment variables (PROTOCOL 16.1) with Go-syntax
- * durations, plus the dev kernel's optional bearer token. The CLI layers its
+ * durations, plus the dev kernel's optional bearer token and protocol stage
+ * (`REBUNO_STAGE`). The CLI layers its
  * flags over these; programs embedding the kernel can read them with a custom
  * `ConfigProvider`.
  *
@@ -13,6 +14,8 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Redacted from "effect/Redacted"
 import { parseMillis } from "./internal/duration.js"
+import type { Stage } from "./internal/model.js"
+import { stages } from "./internal/model.js"
 
 /**
  * A parsed listen address (`host:port`, `:port`, `[v6]:port`). `host` is
@@ -42,6 +45,30 @@ export interface KernelConfig {
   readonly deadlineMs: number | undefined
   readonly deadlineCheckIntervalMs: number
   readonly apiToken: Option.Option<Redacted.Redacted<string>>
+  /** The protocol stage (default `"current"`). */
+  readonly stage: Stage
+  /**
+   * The OpenAI-compatible judge asked by `judge` rules (PROTOCOL-CURRENT
+   * C.8.6), when `REBUNO_JUDGE_URL` is set; without it they deny with
+   * `judge not configured`. Pass it to `Policy.openAiJudge` for the kernel's
+   * `judge` setting.
+   */
+  readonly judge: Option.Option<JudgeConfig>
+}
+
+/**
+ * Where the kernel's judge is (PROTOCOL-CURRENT C.8.6): the options of
+ * `Policy.openAiJudge`.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface JudgeConfig {
+  /** Base URL of an OpenAI-compatible API, e.g. `https://api.openai.com/v1`. */
+  readonly url: string
+  readonly model: string
+  readonly apiKey: Redacted.Redacted<string> | undefined
+  readonly timeoutMs: number
 }
 
 /**
@@ -58,7 +85,10 @@ export const defaults = {
   concurrency: 8,
   leaseTimeoutMs: 120_000,
   approvalTimeoutMs: 900_000,
-  deadlineCheckIntervalMs: 30_000
+  deadlineCheckIntervalMs: 30_000,
+  stage: "current",
+  judgeModel: "gpt-4o-mini",
+  judgeTimeoutMs: 10_000
 } as const
 
 /**
@@ -114,6 +144,24 @@ const positiveInt = (name: string): Config.Config<number> =>
     })
   )
 
+/**
+ * A protocol stage: `current`, `seed` or `v0.14.0` (surrounding whitespace
+ * ignored); anything else is a `ConfigError` naming the accepted values.
+ *
+ * @since 0.2.0
+ * @category config
+ */
+export const stage = (name: string): Config.Config<Stage> =>
+  Config.String(name).pipe(
+    Config.mapEffect((text) => {
+      const value = text.trim()
+      const found = stages.find((s) => s === value)
+      return found === undefined
+        ? invalid(name, `invalid stage ${JSON.stringify(text)} (expected one of: ${stages.join(", ")})`)
+        : Effect.succeed(found)
+    })
+  )
+
 const listenAddress: Config.Config<ListenAddress> = Config.String("REBUNO_LISTEN_ADDR").pipe(
   Config.mapEffect((text) => {
     const parsed = parseListenAddress(text.trim())
@@ -128,8 +176,12 @@ const listenAddress: Config.Config<ListenAddress> = Config.String("REBUNO_LISTEN
  * `REBUNO_LISTEN_ADDR`, `REBUNO_DISPATCH_MAX_ATTEMPTS`, `REBUNO_DISPATCH_TIMEOUT`,
  * `REBUNO_DISPATCH_CONCURRENCY`, `REBUNO_DISPATCH_LEASE_TIMEOUT`,
  * `REBUNO_APPROVAL_TIMEOUT`, `REBUNO_DEADLINE_TIMEOUT` (off when unset or `0`),
- * `REBUNO_DEADLINE_CHECK_INTERVAL`, and the optional bearer token
- * `REBUNO_API_TOKEN` (dev mode when unset or empty).
+ * `REBUNO_DEADLINE_CHECK_INTERVAL`, the optional bearer token
+ * `REBUNO_API_TOKEN` (dev mode when unset or empty), the protocol stage
+ * `REBUNO_STAGE` (`current` by default, `seed` or `v0.14.0`), and the judge of
+ * `judge` rules: `REBUNO_JUDGE_URL` (off when unset or empty),
+ * `REBUNO_JUDGE_MODEL` (default `gpt-4o-mini`), `REBUNO_JUDGE_API_KEY`
+ * (optional) and `REBUNO_JUDGE_TIMEOUT` (default `10s`).
  *
  * @since 0.1.0
  * @category config
@@ -149,5 +201,21 @@ export const kernelConfig: Config.Config<KernelConfig> = Config.all({
   ),
   apiToken: Config.option(Config.String("REBUNO_API_TOKEN")).pipe(
     Config.map((token) => Option.map(Option.filter(token, (text) => text !== ""), Redacted.make))
+  ),
+  stage: stage("REBUNO_STAGE").pipe(Config.withDefault<Stage>(defaults.stage)),
+  judge: Config.all({
+    url: Config.option(Config.String("REBUNO_JUDGE_URL")),
+    model: Config.String("REBUNO_JUDGE_MODEL").pipe(Config.withDefault(defaults.judgeModel)),
+    apiKey: Config.option(Config.String("REBUNO_JUDGE_API_KEY")),
+    timeoutMs: duration("REBUNO_JUDGE_TIMEOUT").pipe(Config.withDefault(defaults.judgeTimeoutMs))
+  }).pipe(
+    Config.map(({ apiKey, model, timeoutMs, url }) =>
+      Option.map(Option.filter(url, (text) => text.trim() !== ""), (text): JudgeConfig => ({
+        url: text.trim(),
+        model,
+        apiKey: Option.getOrUndefined(Option.map(Option.filter(apiKey, (key) => key !== ""), Redacted.make)),
+        timeoutMs
+      }))
+    )
   )
 })

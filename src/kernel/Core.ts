@@ -21,6 +21,7 @@ import * as Queue from "effect/Queue"
 import type * as Scope from "effect/Scope"
 import * as RateLimiter from "./RateLimiter.js"
 import { AgentTable } from "./internal/agents.js"
+import { ApiKeyTable } from "./internal/apiKeys.js"
 import { ApprovalTable } from "./internal/approvalTable.js"
 import * as Approvals from "./internal/approvals.js"
 import { Deltas } from "./internal/deltas.js"
@@ -29,7 +30,9 @@ import { DispatchQueue, snapshot as snapshotDispatch } from "./internal/dispatch
 import { ExecutionTable } from "./internal/executions.js"
 import * as Lifecycle from "./internal/lifecycle.js"
 import type {
+  AgentMetadata,
   AgentRecord,
+  ApiKeyRecord,
   ApprovalRecord,
   Claim,
   Decision,
@@ -39,8 +42,10 @@ import type {
   EventRecord,
   ExecutionPage,
   ExecutionRecord,
+  IssuedApiKey,
   Lease,
   Settings,
+  SpawnedBy,
   StepRecord
 } from "./internal/model.js"
 import { defaultSettings, KernelFailure, notFound } from "./internal/model.js"
@@ -62,10 +67,20 @@ export {
 
 export type {
   /**
+   * @since 0.2.0
+   * @category models
+   */
+  AgentMetadata,
+  /**
    * @since 0.1.0
    * @category models
    */
   AgentRecord,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ApiKeyRecord,
   /**
    * @since 0.1.0
    * @category models
@@ -122,15 +137,35 @@ export type {
    */
   ExecutionRecord,
   /**
+   * @since 0.2.0
+   * @category models
+   */
+  IssuedApiKey,
+  /**
    * @since 0.1.0
    * @category models
    */
   Lease,
   /**
+   * @since 0.2.0
+   * @category models
+   */
+  Scope,
+  /**
    * @since 0.1.0
    * @category models
    */
   Settings,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  SpawnedBy,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  Stage,
   /**
    * @since 0.1.0
    * @category models
@@ -157,7 +192,7 @@ export type { ApprovalStatus, ExecutionStatus, StepStatus } from "../Protocol.js
 export interface KernelCore {
   /** The current settings. */
   readonly settings: Settings
-  /** Replace some settings (test hooks: `limiterError`, `compat`, …). */
+  /** Replace some settings (test hooks: `limiterError`, `stage`, …). */
   readonly updateSettings: (patch: Partial<Settings>) => Effect.Effect<void>
 
   /**
@@ -178,16 +213,52 @@ export interface KernelCore {
   readonly deleteAgent: (id: string) => Effect.Effect<void>
   /** PROTOCOL 11.10: validation (400) before the agent lookup (404); `""` removes. */
   readonly loadPolicy: (agentId: string, bundle: string) => Effect.Effect<void, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.3.3: store the metadata an agent published (replacing
+   * any earlier one); `404` for an unknown agent. Read it back on
+   * {@link AgentRecord.metadata}.
+   */
+  readonly setAgentMetadata: (agentId: string, metadata: AgentMetadata) => Effect.Effect<void, KernelFailure>
+
+  /**
+   * PROTOCOL-CURRENT C.9.2: a new scoped API key; `400` for a blank name, no
+   * scopes or an unknown scope. The token is returned only here and by
+   * {@link rotateApiKey}.
+   */
+  readonly createApiKey: (
+    k: { readonly name: string; readonly scopes: ReadonlyArray<string> }
+  ) => Effect.Effect<IssuedApiKey, KernelFailure>
+  /** Every API key, revoked ones included, oldest first. */
+  readonly listApiKeys: () => Effect.Effect<ReadonlyArray<ApiKeyRecord>>
+  /** A new token for a key; `404` unknown, `409 conflict` revoked. */
+  readonly rotateApiKey: (id: string) => Effect.Effect<IssuedApiKey, KernelFailure>
+  /** Revoke a key (it stays listed); repeatable. */
+  readonly revokeApiKey: (id: string) => Effect.Effect<void>
+  /** PROTOCOL-CURRENT C.9.1 step 4: the live key a bearer token names, if any. */
+  readonly authenticateApiKey: (token: string) => Effect.Effect<ApiKeyRecord | undefined>
 
   /**
    * PROTOCOL 11.1. `id` (optional, test hook) creates the execution with a given
    * canonical id (`409 conflict` when taken).
+   *
+   * In the current stage (PROTOCOL-CURRENT C.4.1, C.5.1) `session`,
+   * `idempotencyKey`, `parentExecutionId` and `spawnedBy` are honoured, with
+   * their checks in the specified order: an execution of the agent that
+   * already has the key is answered as it is now; a session execution may
+   * stay `pending` until its session is free (C.4.4). The older stages
+   * ignore them.
    */
   readonly createExecution: (r: {
     readonly agentId: string
     readonly inputRaw: string | undefined
     readonly agentVersion: string | undefined
     readonly id?: string | undefined
+    readonly session?: string | undefined
+    readonly idempotencyKey?: string | undefined
+    /** Canonical lowercase UUID. */
+    readonly parentExecutionId?: string | undefined
+    /** `executionId` canonical lowercase. */
+    readonly spawnedBy?: SpawnedBy | undefined
   }) => Effect.Effect<ExecutionRecord, KernelFailure>
   readonly getExecution: (id: string) => Effect.Effect<ExecutionRecord, KernelFailure>
   readonly listExecutions: (q: {
@@ -195,8 +266,32 @@ export interface KernelCore {
     readonly status: string
     readonly cursor: string | undefined
     readonly limit: number
+    /** PROTOCOL-CURRENT C.4.7: exact session (`""` or absent = any). */
+    readonly session?: string | undefined
   }) => Effect.Effect<ExecutionPage>
+  /**
+   * PROTOCOL 11.4; in the current stage a terminal execution is `409 conflict`
+   * (PROTOCOL-CURRENT C.10) and the execution's children are cancelled too (C.5.3).
+   */
   readonly cancelExecution: (id: string) => Effect.Effect<void, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.4.6: the `state` `GET …/previous` answers, as raw JSON
+   * text — the parent's stored state, else its output, else `null`. `404`
+   * when unknown.
+   */
+  readonly previousState: (id: string) => Effect.Effect<string, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.5.2: suspend a run that waits on its steps. `404`
+   * unknown, `409 execution_terminal`, `409 lease_superseded` (the lease is
+   * renewed); `true` when the execution blocked, `false` (nothing written)
+   * when nothing waits.
+   */
+  readonly suspendExecution: (id: string, lease: Lease) => Effect.Effect<boolean, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.4.4 sweep: every free session starts its oldest
+   * pending execution; returns how many started.
+   */
+  readonly admitSessions: () => Effect.Effect<number>
   /** Events with `seq > afterSeq`, ascending; empty for an unknown execution. */
   readonly listEvents: (id: string, afterSeq: number, limit: number) => Effect.Effect<ReadonlyArray<EventRecord>>
   /** The whole event log of an execution (test kit / observation; no paging). */
@@ -230,11 +325,22 @@ export interface KernelCore {
     d: { readonly decidedBy: string; readonly rationale: string }
   ) => Effect.Effect<void, KernelFailure>
 
-  /** PROTOCOL 7.3. `argsRaw` is the raw text of `args` (absent = `undefined`). */
+  /**
+   * PROTOCOL 7.3 (PROTOCOL-CURRENT C.8.1 in the current stage). `argsRaw` is
+   * the raw text of `args` (absent = `undefined`); `resources` the declared
+   * resource keys (current stage, C.6.4). A `judge` rule asks the configured
+   * judge between two atomic halves of the submission.
+   */
   readonly submitStep: (
     executionId: string,
     lease: Lease,
-    s: { readonly kind: string; readonly target: string; readonly argsRaw: string | undefined; readonly idempotency: string }
+    s: {
+      readonly kind: string
+      readonly target: string
+      readonly argsRaw: string | undefined
+      readonly idempotency: string
+      readonly resources?: ReadonlyArray<string> | undefined
+    }
   ) => Effect.Effect<Decision, KernelFailure>
   readonly completeStep: (
     executionId: string,
@@ -251,13 +357,22 @@ export interface KernelCore {
   /**
    * {@link submitStep} as a plain function of the current time (epoch ms), for
    * in-process callers on a hot path (the test kit's direct client): the same
-   * state change and answer, without an Effect around it.
+   * state change and answer, without an Effect around it. A `judge` rule runs
+   * the judge synchronously here; a judge that needs to wait (a real HTTP
+   * call) gives the rule's fallback, `judge unavailable: …`, so callers with a
+   * configured judge should use {@link submitStep}.
    */
   readonly unsafeSubmitStep: (
     now: number,
     executionId: string,
     lease: Lease,
-    s: { readonly kind: string; readonly target: string; readonly argsRaw: string | undefined; readonly idempotency: string }
+    s: {
+      readonly kind: string
+      readonly target: string
+      readonly argsRaw: string | undefined
+      readonly idempotency: string
+      readonly resources?: ReadonlyArray<string> | undefined
+    }
   ) => Decision | KernelFailure
   /** {@link completeStep} (`succeeded`) or {@link failStep} (`failed`) as a plain function of the current time. */
   readonly unsafeSettleStep: (
@@ -269,10 +384,15 @@ export interface KernelCore {
     raw: string | undefined
   ) => Decision | KernelFailure
   readonly heartbeat: (executionId: string, lease: Lease) => Effect.Effect<void, KernelFailure>
+  /**
+   * PROTOCOL 6.8. `stateRaw` (PROTOCOL-CURRENT C.4.5), when given and not
+   * `null`, is stored for {@link previousState} and shown nowhere else.
+   */
   readonly completeExecution: (
     executionId: string,
     lease: Lease,
-    outputRaw: string | undefined
+    outputRaw: string | undefined,
+    stateRaw?: string | undefined
   ) => Effect.Effect<void, KernelFailure>
   readonly failExecution: (executionId: string, lease: Lease, error: string) => Effect.Effect<void, KernelFailure>
 
@@ -344,7 +464,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     executions: new ExecutionTable(),
     dispatches: new DispatchQueue(signal),
     approvals: new ApprovalTable(),
-    limiter: RateLimiter.make()
+    limiter: RateLimiter.make(),
+    apiKeys: new ApiKeyTable()
   }
   const { agents, approvals, dispatches, executions } = state
   const deltas = new Deltas()
@@ -363,16 +484,26 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
         state.settings = { ...state.settings, ...patch }
       }),
 
-    registerAgent: (a) => atomic((now) => agents.register(a, now)),
+    registerAgent: (a) => atomic((now) => agents.register(a, now, state.settings.stage)),
     getAgent: (id) => read(() => agents.get(id) ?? notFound()),
     listAgents: () => Effect.sync(() => agents.list()),
     deleteAgent: (id) => Effect.sync(() => agents.delete(id)),
-    loadPolicy: (agentId, bundle) => read(() => agents.loadPolicy(agentId, bundle)),
+    loadPolicy: (agentId, bundle) => read(() => agents.loadPolicy(agentId, bundle, state.settings.stage)),
+    setAgentMetadata: (agentId, metadata) => read(() => agents.setMetadata(agentId, metadata)),
+
+    createApiKey: (k) => atomic((now) => state.apiKeys.create(k.name, k.scopes, now)),
+    listApiKeys: () => Effect.sync(() => state.apiKeys.list()),
+    rotateApiKey: (id) => read(() => state.apiKeys.rotate(id)),
+    revokeApiKey: (id) => atomicTotal((now) => state.apiKeys.revoke(id, now)),
+    authenticateApiKey: (token) => Effect.sync(() => state.apiKeys.authenticate(token)),
 
     createExecution: (r) => atomic((now) => Lifecycle.create(state, r, now)),
     getExecution: (id) => read(() => executions.byId.get(id)?.record ?? notFound()),
     listExecutions: (q) => Effect.sync(() => executions.list(q)),
     cancelExecution: (id) => atomic((now) => Lifecycle.cancel(state, id, now)),
+    previousState: (id) => read(() => Lifecycle.previous(state, id)),
+    suspendExecution: (id, lease) => atomic((now) => Lifecycle.suspend(state, id, lease, now)),
+    admitSessions: () => atomicTotal((now) => Lifecycle.admitAll(state, now)),
     listEvents: (id, afterSeq, limit) => Effect.sync(() => executions.events(id, afterSeq, limit)),
     eventLog: (id) => Effect.sync(() => executions.byId.get(id)?.events.slice(0) ?? []),
     listSteps: (id, terminalOnly) => Effect.sync(() => Steps.list(state, id, terminalOnly)),
@@ -385,7 +516,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     grantApproval: (id, d) => atomic((now) => Approvals.decide(state, "grant", id, d, now)),
     denyApproval: (id, d) => atomic((now) => Approvals.decide(state, "deny", id, d, now)),
 
-    submitStep: (executionId, lease, s) => atomic((now) => submit(now, executionId, lease, s)),
+    submitStep: (executionId, lease, s) => Steps.submitEffect(state, executionId, lease, s),
     unsafeSubmitStep: submit,
     unsafeSettleStep: settleStep,
     completeStep: (executionId, stepId, lease, resultRaw) =>
@@ -393,8 +524,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     failStep: (executionId, stepId, lease, errorRaw) =>
       atomic((now) => settleStep(now, executionId, stepId, lease, "failed", errorRaw)),
     heartbeat: (executionId, lease) => atomic((now) => Lifecycle.heartbeat(state, executionId, lease, now)),
-    completeExecution: (executionId, lease, outputRaw) =>
-      atomic((now) => Lifecycle.finish(state, now, executionId, lease, { _tag: "completed", outputRaw })),
+    completeExecution: (executionId, lease, outputRaw, stateRaw) =>
+      atomic((now) => Lifecycle.finish(state, now, executionId, lease, { _tag: "completed", outputRaw, stateRaw })),
     failExecution: (executionId, lease, error) =>
       atomic((now) => Lifecycle.finish(state, now, executionId, lease, { _tag: "failed", reason: error })),
 

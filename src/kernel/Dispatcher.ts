@@ -2,8 +2,11 @@
  * The delivery loop of the embedded kernel (PROTOCOL 5.3–5.5). Every 2 s on
  * Effect's `Clock` — and at once when the core enqueues a dispatch — a tick
  * reclaims stale leases, expires due approvals, sweeps execution deadlines,
- * claims up to 10 due dispatches and delivers them concurrently (at most
- * `concurrency` at a time), recording each outcome in the core. Delivery is
+ * admits waiting session executions, claims up to 10 due dispatches and
+ * delivers them concurrently (at most `concurrency` at a time), recording
+ * each outcome in the core. In the current stage (PROTOCOL-CURRENT C.10) it
+ * polls about every 250 ms, at once again after a full claim, and claims no
+ * more dispatches than it has idle workers. Delivery is
  * pluggable: the default POSTs the signed webhook with `HttpClient`; the test kit
  * plugs in an in-process deliverer. `tick` runs one tick on demand and awaits its
  * deliveries (the test hook of 16.4).
@@ -51,9 +54,12 @@ export interface Options {
   readonly timeoutMs?: number | undefined
   /** Interval between deadline sweeps in ms (default 30 000); only when the core has deadlines on. */
   readonly deadlineCheckIntervalMs?: number | undefined
-  /** Tick interval in ms (default 2 000). */
+  /**
+   * Tick interval in ms (default 2 000; 250 in the current stage, which polls
+   * continuously, PROTOCOL-CURRENT C.10).
+   */
   readonly tickIntervalMs?: number | undefined
-  /** Claim batch (default 10). */
+  /** Claim batch (default 10; in the current stage never more than the idle workers). */
   readonly claimBatch?: number | undefined
   /** Custom delivery; defaults to the HTTP deliverer on `NodeHttpClient`. */
   readonly deliver?: Deliver | undefined
@@ -91,19 +97,21 @@ export const defaults = {
   timeoutMs: 30_000,
   deadlineCheckIntervalMs: 30_000,
   tickIntervalMs: 2_000,
+  currentTickIntervalMs: 250,
   claimBatch: 10,
   maxRedirects: 10
 } as const
 
 /**
- * The exact webhook body of PROTOCOL 5.5 (members in order, no whitespace); the
- * v0.14.0 form without attempt and lease timeout when `compat` is `"v0.14.0"`.
+ * The exact webhook body of PROTOCOL 5.5 (members in order, no whitespace):
+ * `dispatch_attempt` and `lease_timeout_seconds` always (PROTOCOL-CURRENT
+ * C.2.2), except in the `"v0.14.0"` stage, whose form has neither.
  *
  * @since 0.1.0
  * @category webhook
  */
-export const webhookBody = (claim: Core.Claim, compat: Core.Settings["compat"]): string =>
-  Wire.encodeWebhookBody(claim, { compat: compat === "v0.14.0" })
+export const webhookBody = (claim: Core.Claim, stage: Core.Stage): string =>
+  Wire.encodeWebhookBody(claim, { stage })
 
 const isRedirect = (status: number): boolean =>
   status === 301 || status === 302 || status === 303 || status === 307 || status === 308
@@ -173,18 +181,30 @@ export const make = (
       ))
     const concurrency = Math.max(1, options.concurrency ?? defaults.concurrency)
     const semaphore = yield* Semaphore.make(concurrency)
-    const tickInterval = Duration.millis(options.tickIntervalMs ?? defaults.tickIntervalMs)
+    // PROTOCOL-CURRENT C.10: the current stage polls about every 250 ms and
+    // claims only as many dispatches as there are idle workers, so that no
+    // claimed dispatch waits for a worker while its lease runs.
+    const current = () => core.settings.stage === "current"
+    const seedInterval = Duration.millis(options.tickIntervalMs ?? defaults.tickIntervalMs)
+    const currentInterval = Duration.millis(options.tickIntervalMs ?? defaults.currentTickIntervalMs)
     const deadlineInterval = options.deadlineCheckIntervalMs ?? defaults.deadlineCheckIntervalMs
     const claimBatch = options.claimBatch ?? defaults.claimBatch
     let lastDeadlineSweep: number | undefined
+    /** Claimed dispatches not recorded yet. */
+    let busyWorkers = 0
 
     const deliverOne = (claim: Core.Claim): Effect.Effect<void> =>
       Effect.gen(function*() {
-        const body = webhookBody(claim, core.settings.compat)
+        const body = webhookBody(claim, core.settings.stage)
         const signature = yield* Signature.sign(claim.agent.secret, body)
         const ok = yield* deliver(claim, body, signature).pipe(Effect.catchCause(() => Effect.succeed(false)))
         yield* core.recordDelivery(claim, ok)
-      }).pipe(semaphore.withPermits(1))
+      }).pipe(
+        semaphore.withPermits(1),
+        Effect.ensuring(Effect.sync(() => {
+          busyWorkers--
+        }))
+      )
 
     const sweepDeadlines = Effect.gen(function*() {
       if (core.settings.deadlineMs === undefined) return
@@ -194,18 +214,29 @@ export const make = (
       yield* core.cancelPastDeadline()
     })
 
-    const tick: Effect.Effect<void> = Effect.gen(function*() {
+    /** One tick; `true` when it claimed as many as it could, so more may be due at once. */
+    const tickOnce: Effect.Effect<boolean> = Effect.gen(function*() {
       yield* core.reclaimStale()
       yield* core.expireApprovals()
       yield* sweepDeadlines
-      const claims = yield* core.claimDue(claimBatch)
+      yield* core.admitSessions()
+      const limit = current() ? Math.min(claimBatch, concurrency - busyWorkers) : claimBatch
+      if (limit <= 0) return false
+      const claims = yield* core.claimDue(limit)
+      busyWorkers += claims.length
       yield* Effect.forEach(claims, deliverOne, { concurrency: "unbounded", discard: true })
+      return claims.length === limit
     }).pipe(Effect.withSpan("Dispatcher.tick"))
+
+    const tick: Effect.Effect<void> = Effect.asVoid(tickOnce)
 
     if (options.background ?? true) {
       const loop = Effect.gen(function*() {
-        yield* tick.pipe(Effect.catchCause((cause) => Effect.logError("dispatcher tick failed", cause)))
-        yield* Effect.raceFirst(Effect.sleep(tickInterval), core.enqueued)
+        const full = yield* tickOnce.pipe(
+          Effect.catchCause((cause) => Effect.as(Effect.logError("dispatcher tick failed", cause), false))
+        )
+        if (full && current()) return
+        yield* Effect.raceFirst(Effect.sleep(current() ? currentInterval : seedInterval), core.enqueued)
       }).pipe(Effect.forever)
       yield* Effect.forkScoped(loop)
     }

@@ -139,14 +139,16 @@ const hasField = (entry: YAML.YAMLMap, key: string): boolean => stringField(entr
 
 /**
  * Parses already-expanded manifest text into its agent entries, reading
- * `policy_file`s relative to `baseDir` and validating every bundle.
+ * `policy_file`s relative to `baseDir` and validating every bundle in the
+ * language of `stage` (default `"current"`, PROTOCOL-CURRENT C.8.6; the seed
+ * language of PROTOCOL 10.2 for `"seed"` and `"v0.14.0"`).
  *
  * @since 0.1.0
  * @category parsing
  */
 export const parse = Effect.fn("Manifest.parse")(function*(
   text: string,
-  options: { readonly baseDir: string }
+  options: { readonly baseDir: string; readonly stage?: Core.Settings["stage"] | undefined }
 ) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
@@ -188,7 +190,7 @@ export const parse = Effect.fn("Manifest.parse")(function*(
       )
     }
     if (bundle !== "") {
-      const parsed = Policy.parseBundle(bundle)
+      const parsed = Policy.parseBundle(bundle, { stage: options.stage })
       if (Result.isFailure(parsed)) {
         return yield* fail(`agent ${quote(id)}: invalid policy bundle: ${parsed.failure}`)
       }
@@ -229,19 +231,23 @@ export const expand = Effect.fn("Manifest.expand")(function*(text: string) {
 })
 
 /**
- * Reads, expands, parses and validates a manifest file.
+ * Reads, expands, parses and validates a manifest file (bundles in the
+ * language of `stage`, see {@link parse}).
  *
  * @since 0.1.0
  * @category loading
  */
-export const load = Effect.fn("Manifest.load")(function*(file: string) {
+export const load = Effect.fn("Manifest.load")(function*(
+  file: string,
+  options?: { readonly stage?: Core.Settings["stage"] | undefined }
+) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const text = yield* fs.readFileString(file).pipe(
     Effect.catch((error) => fail(`read manifest ${quote(file)}: ${error.message}`))
   )
   const expanded = yield* expand(text)
-  return yield* parse(expanded, { baseDir: path.dirname(path.resolve(file)) })
+  return yield* parse(expanded, { baseDir: path.dirname(path.resolve(file)), stage: options?.stage })
 })
 
 /**
@@ -275,7 +281,7 @@ export const register = Effect.fn("Manifest.register")(function*(
  * @category loading
  */
 export const loadInto = Effect.fn("Manifest.loadInto")(function*(core: Core.KernelCore, file: string) {
-  const agents = yield* load(file)
+  const agents = yield* load(file, { stage: core.settings.stage })
   yield* register(core, agents)
   return agents
 })

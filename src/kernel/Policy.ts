@@ -1,33 +1,124 @@
 /**
- * Policy bundles of the dev kernel (PROTOCOL 10): parsing and validating the
- * YAML bundle an agent is registered with, and evaluating it for each new
- * step. Decoding follows the reference kernel's YAML decoder (Go `yaml.v3`
- * into typed structs): unknown keys are ignored, type mismatches reject the
- * bundle, durations must be Go duration strings, and string fields take any
- * scalar as written. Regexes are RE2 (via `re2js`), globs are Go
- * `path.Match`, and argument values are compared in their Go `%v` form.
+ * Policy bundles of the dev kernel: parsing and validating the YAML bundle an
+ * agent is registered with, and evaluating it for each new step. The bundle
+ * language follows the kernel's stage:
+ *
+ * - **seed** and **v0.14.0** (PROTOCOL 10): decoding follows the reference
+ *   kernel's YAML decoder (Go `yaml.v3` into typed structs): unknown keys are
+ *   ignored, rules are ordered by a unique `priority`, globs are Go
+ *   `path.Match`.
+ * - **current** (PROTOCOL-CURRENT C.8.6): unknown keys anywhere are rejected,
+ *   rules are evaluated in file order (no `priority`), rule ids are unique,
+ *   `*` and `?` also match `/` and malformed globs are rejected, and rules may
+ *   carry `rate_limit.max_wait`, a token `budget` and a `judge` decision.
+ *
+ * In both, type mismatches reject the bundle, durations must be Go duration
+ * strings, string fields take any scalar as written, regexes are RE2 (via
+ * `re2js`), and argument values are compared in their Go `%v` form.
  *
  * @since 0.1.0
  */
 import { Result } from "effect"
+import { hash } from "node:crypto"
 import { RE2JS } from "re2js"
 import { type Document, isAlias, isMap, isScalar, isSeq, parseAllDocuments, type Scalar, type YAMLMap, type YAMLSeq } from "yaml"
 import * as Duration from "./internal/duration.js"
 import * as Glob from "./internal/glob.js"
 import * as GoFormat from "./internal/goFormat.js"
+import type { JudgedDecision, JudgeOptions } from "./internal/judge.js"
+import type { Stage } from "./internal/model.js"
+import * as TargetGlob from "./internal/targetGlob.js"
+
+export {
+  /**
+   * Scores how likely each decision is right for a proposed step (C.8.6).
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  decide as judgeDecide,
+  /**
+   * A judge that failed to answer.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  JudgeError,
+  /**
+   * The outcome of a `judge` rule on a kernel without a judge: deny,
+   * `judge not configured` (C.8.6).
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  notConfigured as judgeNotConfigured,
+  /**
+   * A judge asking a chat model of any OpenAI-compatible endpoint.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  openAiJudge
+} from "./internal/judge.js"
+
+export type {
+  /**
+   * A judge: the kernel's `judge` setting.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  Judge,
+  /**
+   * The decisions a judge scores.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  JudgedDecision,
+  /**
+   * A `judge` rule's options.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  JudgeOptions,
+  /**
+   * What a judge is asked about.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  JudgeRequest,
+  /**
+   * A judge's scores.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  JudgeScores,
+  /**
+   * Options of `openAiJudge`.
+   *
+   * @since 0.2.0
+   * @category judge
+   */
+  OpenAiJudgeOptions
+} from "./internal/judge.js"
 
 // ---------------------------------------------------------------------------
 // Models
 // ---------------------------------------------------------------------------
 
 /**
- * The decisions a rule may give (10.2). The dev kernel rejects any other
- * value at load time (deliberate difference 16.3 #7).
+ * The decisions a rule may give (10.2); `judge` only in the current stage's
+ * language (C.8.6). The dev kernel rejects any other value at load time
+ * (deliberate difference 16.3 #7).
  *
  * @since 0.1.0
  * @category models
  */
-export type Decision = "allow" | "deny" | "require_approval"
+export type Decision = "allow" | "deny" | "require_approval" | "judge"
 
 /**
  * `then.rate_limit` of a rule (10.5). Active only when `maxCalls > 0` and
@@ -42,6 +133,25 @@ export interface RateLimit {
   readonly windowMs: number
   readonly perWhat: string
   readonly onLimiterError: string
+  /**
+   * Current stage only (C.8.3): how long a refused step may park the
+   * execution; absent or `0` refuses at once.
+   */
+  readonly maxWaitMs?: number | undefined
+}
+
+/**
+ * `then.budget` of a rule (current stage, C.8.5): once the tokens recorded on
+ * the execution's (or session's) steps reach `maxTokens`, an `allow` of the
+ * rule becomes `onExceed` with reason `execution_token_budget_exceeded`.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Budget {
+  readonly maxTokens: number
+  readonly scope: "execution" | "session"
+  readonly onExceed: "deny" | "require_approval"
 }
 
 /**
@@ -88,6 +198,11 @@ export interface Condition {
   readonly agentIds: ReadonlyArray<string>
   readonly stepKind: string
   readonly arguments: ReadonlyMap<string, ArgumentPredicate>
+  /**
+   * Current stage only: `target` and `targets` compiled with the current
+   * glob rules (C.8.6); absent in seed bundles, which match with `path.Match`.
+   */
+  readonly matchTarget?: ((target: string) => boolean) | undefined
 }
 
 /**
@@ -103,10 +218,15 @@ export interface Outcome {
   readonly reason: string
   readonly approval: ApprovalConfig
   readonly rateLimit: RateLimit | undefined
+  /** Current stage only: the rule's token budget (C.8.5). */
+  readonly budget?: Budget | undefined
+  /** Current stage only: the options of a `judge` decision (C.8.6). */
+  readonly judge?: JudgeOptions | undefined
 }
 
 /**
- * A validated rule. Its `rule_id` is always its `id`.
+ * A validated rule. Its `rule_id` is always its `id`. In a current-stage
+ * bundle `priority` is the rule's position in the file.
  *
  * @since 0.1.0
  * @category models
@@ -119,7 +239,8 @@ export interface Rule {
 }
 
 /**
- * A validated bundle. `rules` are sorted by ascending (unique) priority.
+ * A validated bundle. `rules` are in evaluation order: by ascending (unique)
+ * priority in the seed language, in file order in the current one.
  * `defaultAction` is kept as written: only `"allow"` allows.
  *
  * @since 0.1.0
@@ -128,6 +249,11 @@ export interface Rule {
 export interface Bundle {
   readonly defaultAction: string
   readonly rules: ReadonlyArray<Rule>
+  /**
+   * Set for bundles in the current stage's language only: the lowercase hex
+   * SHA-256 of the YAML text, recorded as `policy_hash` (C.8.4).
+   */
+  readonly policyHash?: string | undefined
 }
 
 /**
@@ -153,13 +279,19 @@ export interface PolicyInput {
  * @category models
  */
 export interface PolicyResult {
-  /** `allow`, `deny` or `require_approval`. */
+  /** `allow`, `deny` or `require_approval` (or `judge`, current stage). */
   readonly decision: string
   readonly ruleId: string
   /** The rule's reason as written; `""` when it has none. */
   readonly reason: string
   readonly approval: ApprovalConfig | undefined
   readonly rateLimit: RateLimit | undefined
+  /** Current stage: the deciding bundle's {@link Bundle.policyHash}. */
+  readonly policyHash?: string | undefined
+  /** Current stage: the rule's token budget. */
+  readonly budget?: Budget | undefined
+  /** Current stage: the options of a `judge` rule. */
+  readonly judge?: JudgeOptions | undefined
 }
 
 // ---------------------------------------------------------------------------
@@ -347,6 +479,8 @@ interface Decoder {
   readonly doc: Document.Parsed
   readonly errors: Array<string>
   aliasBudget: number
+  /** Current-stage decoding: unknown keys are errors (C.8.6). */
+  readonly strict?: boolean
 }
 
 const report = (d: Decoder, loc: Loc, problem: string): void => {
@@ -526,9 +660,16 @@ const decodeStruct = (d: Decoder, loc: Loc, node: unknown): ReadonlyArray<Entry>
 /** How one key of a struct decodes: into which field, with which decoder. */
 type FieldOf<A> = { readonly [K in keyof A]: readonly [K, (d: Decoder, loc: Loc, node: unknown) => A[K]] }[keyof A]
 
+/** The message for a key the current stage's language does not know (C.8.6). */
+const unknownKey = (key: string): string =>
+  key === "priority"
+    ? `unknown key "priority" (rules are evaluated in file order; remove priority and order the rules instead)`
+    : `unknown key ${GoFormat.quote(key)}`
+
 /**
  * A struct's fields from its entries: each known key decoded into its field
- * (unknown keys ignored, as the reference's decoder does), the rest defaults.
+ * (unknown keys ignored, as the reference's decoder does — or reported, when
+ * decoding the current stage's language), the rest defaults.
  */
 const fieldsFrom = <A extends object>(
   d: Decoder,
@@ -539,7 +680,10 @@ const fieldsFrom = <A extends object>(
 ): A => {
   const out: { -readonly [K in keyof A]: A[K] } = { ...defaults }
   for (const e of entries) {
-    if (!Object.prototype.hasOwnProperty.call(fields, e.key)) continue
+    if (!Object.prototype.hasOwnProperty.call(fields, e.key)) {
+      if (d.strict === true) report(d, loc, unknownKey(e.key))
+      continue
+    }
     const [name, decode] = fields[e.key]!
     out[name] = decode(d, at(loc, e.key), e.value)
   }
@@ -779,11 +923,336 @@ const validate = (raw: RawBundle): Result.Result<Bundle, string> => {
   return Result.succeed({ defaultAction: raw.defaultAction, rules })
 }
 
+// ---------------------------------------------------------------------------
+// The current stage's language (PROTOCOL-CURRENT C.8.6)
+// ---------------------------------------------------------------------------
+
+/** A float field (YAML integers and floats); `undefined` when absent or null. */
+const decodeFloat = (d: Decoder, loc: Loc, node: unknown): number | undefined => {
+  const v = view(d, loc, node)
+  if (v.kind === "null" || v.kind === "error") return undefined
+  if (v.kind === "scalar") {
+    const r = v.resolved
+    if (r.tag === "int") return Number(r.value)
+    if (r.tag === "float") return r.value
+  }
+  report(d, loc, `expected a number, got ${describe(v)}`)
+  return undefined
+}
+
+const noRateLimitCurrent: RateLimit = { maxCalls: 0, windowMs: 0, perWhat: "", onLimiterError: "", maxWaitMs: 0 }
+
+const decodeRateLimitCurrent = (d: Decoder, loc: Loc, node: unknown): RateLimit | undefined =>
+  decodeFields(d, loc, node, noRateLimitCurrent, {
+    max_calls: ["maxCalls", decodeInt],
+    window: ["windowMs", decodeDuration],
+    per_what: ["perWhat", decodeString],
+    max_wait: ["maxWaitMs", decodeDuration],
+    on_limiter_error: ["onLimiterError", decodeString]
+  })
+
+interface RawBudget {
+  readonly maxTokens: number
+  readonly scope: string
+  readonly onExceed: string
+}
+
+const noBudget: RawBudget = { maxTokens: 0, scope: "", onExceed: "" }
+
+const decodeBudget = (d: Decoder, loc: Loc, node: unknown): RawBudget | undefined =>
+  decodeFields(d, loc, node, noBudget, {
+    max_tokens: ["maxTokens", decodeInt],
+    scope: ["scope", decodeString],
+    on_exceed: ["onExceed", decodeString]
+  })
+
+interface RawJudge {
+  readonly instructions: string
+  readonly threshold: number | undefined
+  readonly fallback: string
+}
+
+const noJudge: RawJudge = { instructions: "", threshold: undefined, fallback: "" }
+
+const decodeJudge = (d: Decoder, loc: Loc, node: unknown): RawJudge | undefined =>
+  decodeFields(d, loc, node, noJudge, {
+    instructions: ["instructions", decodeString],
+    threshold: ["threshold", decodeFloat],
+    fallback: ["fallback", decodeString]
+  })
+
+interface RawOutcomeCurrent extends RawOutcome {
+  readonly budget: RawBudget | undefined
+  readonly judge: RawJudge | undefined
+}
+
+const emptyOutcomeCurrent: RawOutcomeCurrent = { ...emptyOutcome, budget: undefined, judge: undefined }
+
+const decodeOutcomeCurrent = (d: Decoder, loc: Loc, node: unknown): RawOutcomeCurrent =>
+  decodeFields(d, loc, node, emptyOutcomeCurrent, {
+    decision: ["decision", decodeString],
+    reason: ["reason", decodeString],
+    approval_config: ["approval", decodeApproval],
+    rate_limit: ["rateLimit", decodeRateLimitCurrent],
+    budget: ["budget", decodeBudget],
+    judge: ["judge", decodeJudge]
+  }) ?? emptyOutcomeCurrent
+
+interface RawRuleCurrent {
+  readonly index: number
+  readonly id: string
+  readonly when: RawCondition
+  readonly then: RawOutcomeCurrent
+}
+
+const decodeRuleCurrent = (d: Decoder, index: number, node: unknown): RawRuleCurrent | undefined => {
+  const fallback: Loc = { label: `rules[${index}]`, path: "" }
+  const v = view(d, fallback, node)
+  if (v.kind === "error") return undefined
+  if (v.kind !== "map") {
+    report(d, fallback, `expected a map, got ${describe(v)}`)
+    return undefined
+  }
+  const entries = entriesOf(d, fallback, v.node)
+  let loc = fallback
+  const idEntry = entries.find((e) => e.key === "id")
+  if (idEntry !== undefined) {
+    const idView = view({ ...d, errors: [] }, fallback, idEntry.value)
+    if (idView.kind === "scalar" && idView.text !== "") loc = { label: `rule ${GoFormat.quote(idView.text)}`, path: "" }
+  }
+  const rule = fieldsFrom(d, loc, entries, { id: "", when: emptyCondition, then: emptyOutcomeCurrent }, {
+    id: ["id", decodeString],
+    when: ["when", decodeCondition],
+    then: ["then", decodeOutcomeCurrent]
+  })
+  return { index, ...rule }
+}
+
+const decodeBundleCurrent = (
+  d: Decoder,
+  root: unknown
+): { readonly defaultAction: string; readonly rules: ReadonlyArray<RawRuleCurrent> } => {
+  const top: Loc = { label: "", path: "" }
+  const v = view(d, { label: "bundle", path: "" }, root)
+  if (v.kind === "null" || v.kind === "error") return { defaultAction: "", rules: [] }
+  if (v.kind !== "map") {
+    report(d, { label: "bundle", path: "" }, `expected a map, got ${describe(v)}`)
+    return { defaultAction: "", rules: [] }
+  }
+  let defaultAction = ""
+  const rules: Array<RawRuleCurrent> = []
+  for (const e of entriesOf(d, top, v.node)) {
+    switch (e.key) {
+      case "default_action":
+        defaultAction = decodeString(d, at(top, e.key), e.value)
+        break
+      case "rules": {
+        const list = view(d, at(top, e.key), e.value)
+        if (list.kind === "seq") {
+          list.node.items.forEach((item, index) => {
+            const rule = decodeRuleCurrent(d, index, item)
+            if (rule !== undefined) rules.push(rule)
+          })
+        } else if (list.kind === "map" || list.kind === "scalar") {
+          report(d, at(top, e.key), `expected a list, got ${describe(list)}`)
+        }
+        break
+      }
+      default:
+        report(d, { label: "bundle", path: "" }, unknownKey(e.key))
+    }
+  }
+  return { defaultAction, rules }
+}
+
+const oneOf = (value: string, allowed: ReadonlyArray<string>): boolean => value === "" || allowed.includes(value)
+
+const listed = (values: ReadonlyArray<string>): string =>
+  values.slice(0, -1).join(", ") + " or " + values[values.length - 1]
+
+const isJudgedDecision = (s: string): s is JudgedDecision => s === "allow" || s === "deny" || s === "require_approval"
+
+/** The predicates of `when.arguments`, checked and compiled (10.2 checks 4–5). */
+const compileArguments = (
+  id: string,
+  raw: RawCondition["arguments"]
+): Result.Result<ReadonlyMap<string, ArgumentPredicate>, string> => {
+  const args = new Map<string, ArgumentPredicate>()
+  for (const [key, p] of raw) {
+    if (p.equals === "" && p.contains === "" && p.regex === "" && p.oneOf.length === 0) {
+      return Result.fail(
+        `rule ${id} argument ${GoFormat.quote(key)} has no constraint (equals/contains/one_of/regex); an empty predicate matches any value`
+      )
+    }
+    let compiled: RE2JS | undefined = undefined
+    if (p.regex !== "") {
+      try {
+        compiled = RE2JS.compile(p.regex)
+      } catch (error) {
+        const detail = error instanceof Error ? error.message : String(error)
+        return Result.fail(`rule ${id} argument ${GoFormat.quote(key)} invalid regex: ${detail}`)
+      }
+    }
+    args.set(key, { ...p, compiled })
+  }
+  return Result.succeed(args)
+}
+
+/** `target` and `targets` of a current-stage rule as one matcher; malformed globs are errors. */
+const compileTargets = (
+  id: string,
+  when: RawCondition
+): Result.Result<((target: string) => boolean) | undefined, string> => {
+  let single: ((target: string) => boolean) | undefined
+  if (when.target !== "") {
+    const compiled = TargetGlob.compile(when.target)
+    if (Result.isFailure(compiled)) {
+      return Result.fail(`rule ${id}: when.target: malformed glob ${GoFormat.quote(when.target)}: ${compiled.failure}`)
+    }
+    single = compiled.success
+  }
+  const any: Array<(target: string) => boolean> = []
+  for (const [index, pattern] of when.targets.entries()) {
+    const compiled = TargetGlob.compile(pattern)
+    if (Result.isFailure(compiled)) {
+      return Result.fail(
+        `rule ${id}: when.targets[${index}]: malformed glob ${GoFormat.quote(pattern)}: ${compiled.failure}`
+      )
+    }
+    any.push(compiled.success)
+  }
+  if (single === undefined && any.length === 0) return Result.succeed(undefined)
+  return Result.succeed((target) =>
+    (single === undefined || single(target)) && (any.length === 0 || any.some((match) => match(target)))
+  )
+}
+
+/** The `then` of a current-stage rule, checked (C.8.3, C.8.5, C.8.6). */
+const checkOutcome = (id: string, then: RawOutcomeCurrent): Result.Result<Outcome, string> => {
+  const decision = then.decision
+  if (!(isJudgedDecision(decision) || decision === "judge")) {
+    return Result.fail(
+      decision === ""
+        ? `rule ${id}: then.decision is required (allow, deny, require_approval or judge)`
+        : `rule ${id}: unknown policy decision ${GoFormat.quote(decision)} (want allow, deny, require_approval or judge)`
+    )
+  }
+  const rate = then.rateLimit
+  if (rate !== undefined) {
+    const perWhat = ["execution", "session", "agent", "global"]
+    if (!oneOf(rate.perWhat, perWhat)) {
+      return Result.fail(
+        `rule ${id}: then.rate_limit.per_what must be ${listed(perWhat)}, got ${GoFormat.quote(rate.perWhat)}`
+      )
+    }
+    if (!oneOf(rate.onLimiterError, ["allow", "deny"])) {
+      return Result.fail(
+        `rule ${id}: then.rate_limit.on_limiter_error must be allow or deny, got ${GoFormat.quote(rate.onLimiterError)}`
+      )
+    }
+    if ((rate.maxWaitMs ?? 0) < 0) return Result.fail(`rule ${id}: then.rate_limit.max_wait must not be negative`)
+  }
+  let budget: Budget | undefined
+  if (then.budget !== undefined) {
+    const b = then.budget
+    if (b.maxTokens <= 0) return Result.fail(`rule ${id}: then.budget.max_tokens must be positive`)
+    if (!oneOf(b.scope, ["execution", "session"])) {
+      return Result.fail(`rule ${id}: then.budget.scope must be execution or session, got ${GoFormat.quote(b.scope)}`)
+    }
+    if (!oneOf(b.onExceed, ["deny", "require_approval"])) {
+      return Result.fail(
+        `rule ${id}: then.budget.on_exceed must be deny or require_approval, got ${GoFormat.quote(b.onExceed)}`
+      )
+    }
+    budget = {
+      maxTokens: b.maxTokens,
+      scope: b.scope === "session" ? "session" : "execution",
+      onExceed: b.onExceed === "require_approval" ? "require_approval" : "deny"
+    }
+  }
+  let judge: JudgeOptions | undefined
+  if (decision === "judge") {
+    const j = then.judge ?? noJudge
+    if (j.instructions.trim() === "") return Result.fail(`rule ${id}: then.judge.instructions is required`)
+    const threshold = j.threshold ?? 0.6
+    if (!(threshold >= 0 && threshold <= 1)) {
+      return Result.fail(`rule ${id}: then.judge.threshold must be between 0 and 1`)
+    }
+    const fallback = j.fallback === "" ? "require_approval" : j.fallback
+    if (!isJudgedDecision(fallback)) {
+      return Result.fail(
+        `rule ${id}: then.judge.fallback must be allow, deny or require_approval, got ${GoFormat.quote(fallback)}`
+      )
+    }
+    judge = { instructions: j.instructions, threshold, fallback }
+  } else if (then.judge !== undefined) {
+    return Result.fail(`rule ${id}: then.judge is only valid with decision judge`)
+  }
+  return Result.succeed({
+    decision,
+    reason: then.reason,
+    approval: then.approval,
+    rateLimit: rate,
+    ...(budget === undefined ? {} : { budget }),
+    ...(judge === undefined ? {} : { judge })
+  })
+}
+
+const validateCurrent = (
+  raw: { readonly defaultAction: string; readonly rules: ReadonlyArray<RawRuleCurrent> },
+  policyHash: string
+): Result.Result<Bundle, string> => {
+  const seen = new Set<string>()
+  const rules: Array<Rule> = []
+  for (const rule of raw.rules) {
+    if (rule.id === "") return Result.fail(`rules[${rule.index}]: rule missing id`)
+    const id = GoFormat.quote(rule.id)
+    if (seen.has(rule.id)) return Result.fail(`duplicate rule id ${id} (rule ids must be unique)`)
+    seen.add(rule.id)
+    const args = compileArguments(id, rule.when.arguments)
+    if (Result.isFailure(args)) return Result.fail(args.failure)
+    const matchTarget = compileTargets(id, rule.when)
+    if (Result.isFailure(matchTarget)) return Result.fail(matchTarget.failure)
+    const then = checkOutcome(id, rule.then)
+    if (Result.isFailure(then)) return Result.fail(then.failure)
+    rules.push({
+      id: rule.id,
+      priority: rule.index,
+      when: { ...rule.when, arguments: args.success, matchTarget: matchTarget.success },
+      then: then.success
+    })
+  }
+  return Result.succeed({ defaultAction: raw.defaultAction, rules, policyHash })
+}
+
 /**
- * Parses and validates a policy bundle (10.2). On failure the `Left` is the
- * detail that follows `invalid policy bundle: ` in kernel messages, e.g.
- * `rule missing id`, `duplicate priority 0 used by "a" and "b"` or
- * `rule "x": then.rate_limit.window: invalid duration "300"`.
+ * Options of {@link parseBundle}.
+ *
+ * @since 0.2.0
+ * @category parsing
+ */
+export interface ParseOptions {
+  /**
+   * The stage whose bundle language to read (default `"current"`): the
+   * current stage's (C.8.6), or the seed language for `"seed"` and
+   * `"v0.14.0"` (10.2).
+   */
+  readonly stage?: Stage | undefined
+}
+
+/**
+ * Parses and validates a policy bundle in the language of a stage. On
+ * failure the `Left` is the detail that follows `invalid policy bundle: ` in
+ * kernel messages.
+ *
+ * - **current** (C.8.6, the default): e.g. `rules[0]: rule missing id`,
+ *   `duplicate rule id "a" (rule ids must be unique)`,
+ *   `rule "x": unknown key "priority" (…)`,
+ *   `rule "x": when.target: malformed glob "[a": unclosed character class`.
+ *   The bundle's `policyHash` is the SHA-256 of the text.
+ * - **seed** / **v0.14.0** (10.2): e.g. `rule missing id`,
+ *   `duplicate priority 0 used by "a" and "b"` or
+ *   `rule "x": then.rate_limit.window: invalid duration "300"`.
  *
  * Only the first YAML document is read, as by the reference. Text without a
  * document (`""`, whitespace, comments) gives an empty bundle, which denies
@@ -792,16 +1261,25 @@ const validate = (raw: RawBundle): Result.Result<Bundle, string> => {
  * @since 0.1.0
  * @category parsing
  */
-export const parseBundle = (yamlText: string): Result.Result<Bundle, string> => {
+export const parseBundle = (yamlText: string, options?: ParseOptions): Result.Result<Bundle, string> => {
+  const current = (options?.stage ?? "current") === "current"
+  const empty = (): Bundle =>
+    current ? { defaultAction: "", rules: [], policyHash: hash("sha256", yamlText, "hex") } : { defaultAction: "", rules: [] }
   const docs = parseAllDocuments(yamlText, { prettyErrors: true, uniqueKeys: true })
   if ("empty" in docs) {
     return docs.errors.length > 0
       ? Result.fail(yamlErrorText(docs.errors[0]!.message))
-      : Result.succeed({ defaultAction: "", rules: [] })
+      : Result.succeed(empty())
   }
   const first = docs[0]
-  if (first === undefined) return Result.succeed({ defaultAction: "", rules: [] })
+  if (first === undefined) return Result.succeed(empty())
   if (first.errors.length > 0) return Result.fail(yamlErrorText(first.errors[0]!.message))
+  if (current) {
+    const d: Decoder = { doc: first, errors: [], aliasBudget: 10_000, strict: true }
+    const raw = decodeBundleCurrent(d, first.contents)
+    if (d.errors.length > 0) return Result.fail(d.errors[0]!)
+    return validateCurrent(raw, hash("sha256", yamlText, "hex"))
+  }
   const d: Decoder = { doc: first, errors: [], aliasBudget: 10_000 }
   const raw = decodeBundle(d, first.contents)
   if (d.errors.length > 0) return Result.fail(d.errors[0]!)
@@ -871,8 +1349,12 @@ const conditionHolds = (
   input: PolicyInput,
   args: () => ReadonlyMap<string, unknown> | undefined
 ): boolean => {
-  if (when.target !== "" && !Glob.match(when.target, input.target)) return false
-  if (when.targets.length > 0 && !when.targets.some((pattern) => Glob.match(pattern, input.target))) return false
+  if (when.matchTarget !== undefined) {
+    if (!when.matchTarget(input.target)) return false
+  } else {
+    if (when.target !== "" && !Glob.match(when.target, input.target)) return false
+    if (when.targets.length > 0 && !when.targets.some((pattern) => Glob.match(pattern, input.target))) return false
+  }
   if (when.agentId !== "" && when.agentId !== input.agentId) return false
   if (when.agentIds.length > 0 && !when.agentIds.includes(input.agentId)) return false
   if (when.stepKind !== "" && when.stepKind !== input.kind) return false
@@ -888,10 +1370,12 @@ const conditionHolds = (
 }
 
 /**
- * Evaluates a policy for a new step (10.1, 10.3): {@link permissive} without
- * a bundle; otherwise the first rule (by ascending priority) whose `when`
- * holds, then {@link localStep} for an unmatched `local` step, then the
- * default ({@link defaultAllow} / {@link defaultDeny}).
+ * Evaluates a policy for a new step (10.1, 10.3; C.8.6): {@link permissive}
+ * without a bundle; otherwise the first rule (by ascending priority, or in
+ * file order for a current-stage bundle) whose `when` holds, then
+ * {@link localStep} for an unmatched `local` step, then the default
+ * ({@link defaultAllow} / {@link defaultDeny}). Results from a current-stage
+ * bundle carry its `policyHash` and the rule's `budget` and `judge`.
  *
  * @since 0.1.0
  * @category evaluation
@@ -907,17 +1391,30 @@ export const evaluate = (bundle: Bundle | undefined, input: PolicyInput): Policy
     }
     return args
   }
+  const policyHash = bundle.policyHash
   for (const rule of bundle.rules) {
     if (conditionHolds(rule.when, input, lazyArgs)) {
-      return {
-        decision: rule.then.decision,
-        ruleId: rule.id,
-        reason: rule.then.reason,
-        approval: rule.then.approval,
-        rateLimit: rule.then.rateLimit
-      }
+      const then = rule.then
+      return policyHash === undefined
+        ? {
+          decision: then.decision,
+          ruleId: rule.id,
+          reason: then.reason,
+          approval: then.approval,
+          rateLimit: then.rateLimit
+        }
+        : {
+          decision: then.decision,
+          ruleId: rule.id,
+          reason: then.reason,
+          approval: then.approval,
+          rateLimit: then.rateLimit,
+          policyHash,
+          budget: then.budget,
+          judge: then.judge
+        }
     }
   }
-  if (input.kind === "local") return localStep
-  return bundle.defaultAction === "allow" ? defaultAllow : defaultDeny
+  const fallthrough = input.kind === "local" ? localStep : bundle.defaultAction === "allow" ? defaultAllow : defaultDeny
+  return policyHash === undefined ? fallthrough : { ...fallthrough, policyHash }
 }

@@ -24,6 +24,12 @@ export interface RateLimiter {
    * no state.
    */
   take(key: string, limit: RateLimit, nowMs: number): boolean
+  /**
+   * {@link take} with the limiter's estimate (PROTOCOL-CURRENT C.8.3): `0`
+   * when a token was consumed, otherwise the milliseconds until the bucket
+   * holds one again (nothing is consumed).
+   */
+  tryTake(key: string, limit: RateLimit, nowMs: number): number
 }
 
 /**
@@ -39,17 +45,28 @@ export const isActive = (limit: RateLimit | undefined): limit is RateLimit =>
  * The bucket key of a rule's rate limit (10.5): `<rule_id>:agent:<agent_id>`
  * for `per_what: agent`, `<rule_id>:global` for `global`, and
  * `<rule_id>:exec:<execution_id>` for `execution`, absent or anything else.
- * Rules with the same id share buckets.
+ * Rules with the same id share buckets. The current stage adds `session`
+ * (C.8.3): `<rule_id>:session:<session>` when a `session` is passed, else the
+ * execution's bucket (an execution outside any session is its own scope).
  *
  * @since 0.1.0
  * @category keys
  */
-export const bucketKey = (ruleId: string, perWhat: string, agentId: string, executionId: string): string => {
+export const bucketKey = (
+  ruleId: string,
+  perWhat: string,
+  agentId: string,
+  executionId: string,
+  session?: string | undefined
+): string => {
   switch (perWhat) {
     case "agent":
       return `${ruleId}:agent:${agentId}`
     case "global":
       return `${ruleId}:global`
+    case "session":
+      if (session !== undefined && session !== "") return `${ruleId}:session:${session}`
+      return `${ruleId}:exec:${executionId}`
     default:
       return `${ruleId}:exec:${executionId}`
   }
@@ -95,27 +112,38 @@ export const make = (options: Options = {}): RateLimiter => {
     }
   }
 
-  return {
-    take(key, limit, nowMs) {
-      if (!isActive(limit)) return true
-      if (++takes % SWEEP_EVERY === 0) sweep(nowMs)
-      const capacity = limit.maxCalls
-      let bucket = buckets.get(key)
-      if (bucket === undefined) {
-        bucket = { tokens: capacity, lastMs: nowMs, windowMs: limit.windowMs }
-        buckets.set(key, bucket)
-      } else {
-        const elapsed = Math.max(0, nowMs - bucket.lastMs)
-        bucket.tokens = Math.min(capacity, bucket.tokens + (capacity * elapsed) / limit.windowMs)
-        // a clock that went backwards does not move the refill point back
-        bucket.lastMs = Math.max(bucket.lastMs, nowMs)
-        bucket.windowMs = limit.windowMs
-      }
-      if (bucket.tokens >= 1) {
-        bucket.tokens -= 1
-        return true
-      }
-      return false
+  /** Takes a token: `0`, or the milliseconds until one is available. */
+  const tryTake = (key: string, limit: RateLimit, nowMs: number): number => {
+    if (!isActive(limit)) return 0
+    if (++takes % SWEEP_EVERY === 0) sweep(nowMs)
+    const capacity = limit.maxCalls
+    let bucket = buckets.get(key)
+    if (bucket === undefined) {
+      bucket = { tokens: capacity, lastMs: nowMs, windowMs: limit.windowMs }
+      buckets.set(key, bucket)
+    } else {
+      const elapsed = Math.max(0, nowMs - bucket.lastMs)
+      bucket.tokens = Math.min(capacity, bucket.tokens + (capacity * elapsed) / limit.windowMs)
+      // a clock that went backwards does not move the refill point back
+      bucket.lastMs = Math.max(bucket.lastMs, nowMs)
+      bucket.windowMs = limit.windowMs
     }
+    if (bucket.tokens >= 1) {
+      bucket.tokens -= 1
+      return 0
+    }
+    // Continuous refill of max_calls tokens per window, from the refill point
+    // (later than `nowMs` only when the clock went backwards). The estimate is
+    // checked with the refill arithmetic itself, so a call made then finds a token.
+    const tokens = bucket.tokens
+    const ahead = bucket.lastMs - nowMs
+    let refill = Math.max(1, Math.ceil(((1 - tokens) * limit.windowMs) / capacity - 1e-6))
+    while (Math.min(capacity, tokens + (capacity * refill) / limit.windowMs) < 1) refill++
+    return ahead + refill
+  }
+
+  return {
+    take: (key, limit, nowMs) => tryTake(key, limit, nowMs) === 0,
+    tryTake
   }
 }

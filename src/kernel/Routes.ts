@@ -9,6 +9,12 @@
  * errors (2.9) and the live-delta SSE stream (11.6). `Server` adapts it to
  * `effect/http`.
  *
+ * In the current stage (PROTOCOL-CURRENT) agent requests must be `v1=` signed
+ * (C.2.1), bearer requests run as the bootstrap token or a scoped API key whose
+ * scopes every route checks (C.9.1, {@link bearerScopes}), agent principals act
+ * only on their own executions (C.9.3), and the metadata and API-key routes
+ * exist (C.3, C.9.2); the seed and v0.14.0 stages answer as before.
+ *
  * @since 0.1.0
  */
 import * as Clock from "effect/Clock"
@@ -22,6 +28,8 @@ import * as Json from "../internal/wire/json.js"
 import * as Uuid from "../internal/wire/uuid.js"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
+import * as Decisions from "./internal/decisions.js"
+import { conflict, forbidden, notFound } from "./internal/model.js"
 import * as Wire from "./Wire.js"
 
 /**
@@ -82,7 +90,12 @@ export interface KernelResponse {
  * @category models
  */
 export interface Options {
-  /** Bearer token of client/admin routes; dev mode (every request passes) when absent or empty. */
+  /**
+   * Bootstrap bearer token of client/admin routes (full access). Absent or
+   * empty: dev mode — every request passes in the older stages; in the current
+   * stage a request without `Authorization` has full access and one with it
+   * must carry a valid API key (PROTOCOL-CURRENT C.9.1).
+   */
   readonly apiToken?: Redacted.Redacted<string> | undefined
 }
 
@@ -150,6 +163,7 @@ class Reject {
 const reject = (response: KernelResponse): Effect.Effect<never, Reject> => Effect.fail(new Reject(response))
 
 const unauthorized = errorResponse(401, "unauthorized", "unauthorized")
+const forbiddenResponse = errorResponse(403, "forbidden", "forbidden")
 const validation = errorResponse(400, "validation_error", "validation error")
 const badDispatchId = errorResponse(400, "validation_error", "validation error: bad or missing Rebuno-Dispatch-Id")
 const badDispatchAttempt = errorResponse(
@@ -161,7 +175,7 @@ const missingDispatchIdCompat = errorResponse(400, "validation_error", "validati
 const internalError = errorResponse(500, "internal_error", "internal error")
 
 const failureResponse = (failure: Core.KernelFailure): KernelResponse =>
-  errorResponse(failure.status, failure.code, failure.message)
+  json(failure.status, Wire.encodeError(failure))
 
 // ---------------------------------------------------------------------------
 // Request parsing
@@ -197,14 +211,31 @@ const parseGoInt = (s: string): number | undefined => {
 
 const NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
-type FieldType = "string" | "any" | "int"
-type FieldValue<T extends FieldType> = T extends "int" ? number : string
+/**
+ * The `resources` member of a submission (PROTOCOL-CURRENT C.6.4): a list of
+ * strings, `null` meaning none; `undefined` for anything else (a `400`).
+ */
+const resourceKeys = (raw: string): ReadonlyArray<string> | undefined => {
+  if (raw === "null") return []
+  let value: unknown
+  try {
+    value = JSON.parse(raw)
+  } catch {
+    return undefined
+  }
+  return Array.isArray(value) && value.every((key) => typeof key === "string") ? value : undefined
+}
+
+type FieldType = "string" | "any" | "int" | "number"
+type FieldValue<T extends FieldType> = T extends "int" | "number" ? number : string
+
+const JSON_NUMBER = /^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?$/
 type Decoded<S extends Record<string, FieldType>> = { readonly [K in keyof S]?: FieldValue<S[K]> }
 
 /**
  * Strict body decoding (PROTOCOL 2.3): exactly one JSON object, only the given
  * members, each of the right type. `null` is `""` for a string, `0` for an
- * integer and the raw text `null` for an any-JSON member.
+ * integer or a number and the raw text `null` for an any-JSON member.
  */
 const decodeStrict = <S extends Record<string, FieldType>>(
   bytes: Uint8Array,
@@ -224,6 +255,9 @@ const decodeStrict = <S extends Record<string, FieldType>>(
       const s = Json.parseString(raw)
       if (s === undefined) return undefined
       out[name] = s
+    } else if (type === "number") {
+      if (!JSON_NUMBER.test(raw)) return undefined
+      out[name] = Number(raw)
     } else {
       const n = parseGoInt(raw)
       if (n === undefined) return undefined
@@ -239,7 +273,68 @@ const decodeStrict = <S extends Record<string, FieldType>>(
 
 type Auth = "none" | "bearer" | "agent" | "dual"
 
-interface Ctx {
+/**
+ * Who a request runs as (PROTOCOL-CURRENT C.9): full access (dev mode, the
+ * bootstrap token, unauthenticated routes), a scoped API key, or an agent
+ * principal (a signed agent request, C.2.1).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Principal =
+  | { readonly _tag: "Full" }
+  | { readonly _tag: "ApiKey"; readonly key: Core.ApiKeyRecord }
+  | { readonly _tag: "Agent"; readonly agentId: string }
+
+const FULL: Principal = { _tag: "Full" }
+
+/**
+ * The scopes each bearer route needs (PROTOCOL-CURRENT C.9.1), by
+ * `"<METHOD> <pattern>"`; dual routes list what their bearer side needs. A
+ * bearer route missing here is open to full access only (fail closed).
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const bearerScopes: Readonly<Record<string, ReadonlyArray<Core.Scope>>> = {
+  "POST /v0/executions": ["executions:write"],
+  "POST /v0/executions/{id}/cancel": ["executions:write"],
+  "POST /v0/executions/{id}/fork": ["executions:write"],
+  "GET /v0/executions": ["executions:read"],
+  "GET /v0/executions/{id}": ["executions:read"],
+  "GET /v0/executions/{id}/events": ["executions:read"],
+  "GET /v0/executions/{id}/stream": ["executions:read"],
+  "GET /v0/executions/{id}/fork-points": ["executions:read"],
+  "GET /v0/executions/{id}/previous": ["executions:read"],
+  "GET /v0/executions/{id}/steps": ["executions:read"],
+  "GET /v0/executions/{id}/steps/{step_id}": ["executions:read"],
+  "GET /v0/approvals": ["approvals:read"],
+  "GET /v0/approvals/{id}": ["approvals:read"],
+  "POST /v0/approvals/{id}/grant": ["approvals:write"],
+  "POST /v0/approvals/{id}/deny": ["approvals:write"],
+  "GET /v0/agents": ["agents:read"],
+  "GET /v0/agents/{id}": ["agents:read"],
+  "POST /v0/agents": ["agents:write"],
+  "DELETE /v0/agents/{id}": ["agents:write"],
+  "POST /v0/policies/{agent_id}": ["policies:write"],
+  "POST /v0/policies/{agent_id}/test": ["policies:write", "executions:read"],
+  "POST /v0/api-keys": ["api_keys:manage"],
+  "GET /v0/api-keys": ["api_keys:manage"],
+  "POST /v0/api-keys/{id}/rotate": ["api_keys:manage"],
+  "DELETE /v0/api-keys/{id}": ["api_keys:manage"]
+}
+
+/**
+ * Whether a principal holds a scope: full access holds every scope, a key
+ * its own; write does not imply read (C.9.1 step 5). Agents hold none.
+ *
+ * @since 0.2.0
+ * @category auth
+ */
+export const hasScope = (principal: Principal, scope: Core.Scope): boolean =>
+  principal._tag === "Full" || (principal._tag === "ApiKey" && principal.key.scopes.includes(scope))
+
+interface RequestCtx {
   readonly req: KernelRequest
   readonly params: Readonly<Record<string, string>>
   readonly query: URLSearchParams
@@ -247,10 +342,19 @@ interface Ctx {
   readonly body: Effect.Effect<Uint8Array, Reject>
 }
 
+interface Ctx extends RequestCtx {
+  /** Who the request runs as, once authenticated. */
+  readonly principal: Principal
+}
+
 interface Route {
   readonly method: string
   readonly pattern: ReadonlyArray<string>
   readonly auth: Auth
+  /** Scopes of the bearer side (C.9.1); `undefined` = full access only. */
+  readonly scopes: ReadonlyArray<Core.Scope> | undefined
+  /** Served only in the current stage (PROTOCOL-CURRENT); a plain 404 otherwise. */
+  readonly currentOnly: boolean
   readonly handle: (ctx: Ctx) => Effect.Effect<KernelResponse, Reject | Core.KernelFailure>
 }
 
@@ -278,6 +382,47 @@ const readBody = (req: KernelRequest): Effect.Effect<Uint8Array, BodyTooLarge | 
     ? req.body.length > maxBodyBytes ? Effect.fail(new BodyTooLarge()) : Effect.succeed(req.body)
     : req.body
 
+/** `Cache-Control: no-store` on an answer carrying a token (PROTOCOL-CURRENT C.9.2). */
+const noStore = (response: KernelResponse): KernelResponse => ({
+  ...response,
+  headers: { ...response.headers, "cache-control": "no-store" }
+})
+
+/** A JSON array of strings (`null` or absent = empty); `undefined` for anything else. */
+const decodeStringList = (raw: string | undefined): ReadonlyArray<string> | undefined => {
+  if (raw === undefined || raw === "null") return []
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(raw)
+  } catch {
+    return undefined
+  }
+  return Array.isArray(parsed) && parsed.every((item) => typeof item === "string") ? parsed : undefined
+}
+
+/** A JSON object (raw text, compacted) or `null`; `undefined` for anything else. */
+const objectOrNull = (raw: string | undefined): string | null | undefined => {
+  if (raw === undefined || raw === "null") return null
+  if (Json.parseObjectMembers(raw) === undefined) return undefined
+  return Json.compact(raw) ?? raw
+}
+
+/** The metadata body of PROTOCOL-CURRENT C.3.1: each member `null` or of its type. */
+const decodeMetadata = (
+  body: { readonly description?: string; readonly input_schema?: string; readonly output_schema?: string }
+): Core.AgentMetadata | undefined => {
+  let description: string | null = null
+  if (body.description !== undefined && body.description !== "null") {
+    const s = Json.parseString(body.description)
+    if (s === undefined) return undefined
+    description = s
+  }
+  const inputSchemaRaw = objectOrNull(body.input_schema)
+  const outputSchemaRaw = objectOrNull(body.output_schema)
+  if (inputSchemaRaw === undefined || outputSchemaRaw === undefined) return undefined
+  return { description, inputSchemaRaw, outputSchemaRaw }
+}
+
 /**
  * Builds the request handler of a kernel core.
  *
@@ -290,19 +435,57 @@ export const make = (
 ): (req: KernelRequest) => Effect.Effect<KernelResponse> => {
   const configured = options.apiToken === undefined ? "" : Redacted.value(options.apiToken)
   const token = configured === "" ? undefined : configured
-  const compat = () => core.settings.compat === "v0.14.0"
+  const compat = () => core.settings.stage === "v0.14.0"
+  /** The current stage (PROTOCOL-CURRENT): every behaviour of C.2–C.10 is gated on it. */
+  const current = () => core.settings.stage === "current"
   let requestCount = 0
 
   // --- authentication -------------------------------------------------------
 
-  const bearer = (req: KernelRequest): Effect.Effect<void, Reject> => {
-    if (token === undefined) return Effect.void
+  /** Seed and v0.14.0: the bootstrap token or dev mode (3.1). */
+  const bearerSeed = (req: KernelRequest): Effect.Effect<Principal, Reject> => {
+    if (token === undefined) return Effect.succeed(FULL)
     const header = firstHeader(req, "authorization")
     if (!header.startsWith("Bearer ")) return reject(unauthorized)
-    return Signature.timingSafeEqual(header.slice(7), token) ? Effect.void : reject(unauthorized)
+    return Signature.timingSafeEqual(header.slice(7), token) ? Effect.succeed(FULL) : reject(unauthorized)
   }
 
-  const agent = (ctx: Ctx): Effect.Effect<void, Reject> =>
+  /** PROTOCOL-CURRENT C.9.1 steps 1–5. */
+  const bearerCurrent = (req: KernelRequest, route: Route): Effect.Effect<Principal, Reject> =>
+    Effect.gen(function*() {
+      const header = firstHeader(req, "authorization")
+      let principal: Principal
+      if (token === undefined && header === "") {
+        principal = FULL
+      } else {
+        if (!header.startsWith("Bearer ")) return yield* reject(unauthorized)
+        const presented = header.slice(7)
+        if (token !== undefined && Signature.timingSafeEqual(presented, token)) {
+          principal = FULL
+        } else {
+          const key = yield* core.authenticateApiKey(presented)
+          if (key === undefined) return yield* reject(unauthorized)
+          principal = { _tag: "ApiKey", key }
+        }
+      }
+      if (principal._tag === "ApiKey") {
+        const needed = route.scopes
+        if (needed === undefined || !needed.every((scope) => hasScope(principal, scope))) {
+          return yield* reject(forbiddenResponse)
+        }
+      }
+      return principal
+    })
+
+  const bearer = (req: KernelRequest, route: Route): Effect.Effect<Principal, Reject> =>
+    current() ? bearerCurrent(req, route) : bearerSeed(req)
+
+  /**
+   * Agent authentication (3.3, 17.B; PROTOCOL-CURRENT C.2.1): ids and
+   * signature present, agent registered, body read under the cap, signature
+   * verified — in the current stage only `v1=`, within ±300 s.
+   */
+  const agent = (ctx: RequestCtx): Effect.Effect<Principal, Reject> =>
     Effect.gen(function*() {
       const req = ctx.req
       const agentId = firstHeader(req, "rebuno-agent-id")
@@ -311,7 +494,7 @@ export const make = (
       const record = yield* core.getAgent(agentId).pipe(Effect.mapError(() => new Reject(unauthorized)))
       const body = yield* ctx.body
       let ok = false
-      if (signature.startsWith("sha256=")) {
+      if (signature.startsWith("sha256=") && !current()) {
         ok = yield* Signature.verify(record.secret, body, signature)
       } else if (signature.startsWith("v1=")) {
         const single = (name: string) => {
@@ -335,6 +518,7 @@ export const make = (
         }
       }
       if (!ok) return yield* reject(unauthorized)
+      return { _tag: "Agent", agentId } satisfies Principal
     })
 
   const usesAgentPath = (req: KernelRequest): boolean =>
@@ -353,6 +537,21 @@ export const make = (
       return decoded === undefined ? reject(validation) : Effect.succeed(decoded)
     })
 
+  /**
+   * PROTOCOL-CURRENT C.9.3 and C.10: in the current stage, an agent principal
+   * may act only on its own executions — unknown → `404` (before any lease
+   * check), another agent's → `403 forbidden`. Bearer principals are
+   * deployment-wide; the seed and v0.14.0 stages check nothing here.
+   */
+  const owned = (ctx: Ctx, id: string): Effect.Effect<void, Core.KernelFailure> => {
+    const principal = ctx.principal
+    if (principal._tag !== "Agent" || !current()) return Effect.void
+    return Effect.flatMap(core.getExecution(id), (execution) =>
+      execution.agentId === principal.agentId
+        ? Effect.void
+        : Effect.fail(forbidden()))
+  }
+
   /** Lease headers of 6.0 (or the v0.14.0 rules of 17.A). */
   const lease = (ctx: Ctx, route: "submit" | "other"): Effect.Effect<Core.Lease, Reject> => {
     const rawId = firstHeader(ctx.req, "rebuno-dispatch-id")
@@ -369,6 +568,46 @@ export const make = (
   }
 
   // --- handlers ---------------------------------------------------------------
+
+  /**
+   * `POST /v0/executions` in the current stage (PROTOCOL-CURRENT C.4.1): the
+   * body knows `session`, `parent_execution_id`, `idempotency_key` and
+   * `spawned_by` (strictly, like every body) and no longer `agent_version`;
+   * the core checks the rest in order.
+   */
+  const createCurrent = (ctx: Ctx): Effect.Effect<KernelResponse, Reject | Core.KernelFailure> =>
+    Effect.gen(function*() {
+      const body = yield* strict(ctx, {
+        agent_id: "string",
+        input: "any",
+        session: "string",
+        parent_execution_id: "string",
+        idempotency_key: "string",
+        spawned_by: "any"
+      })
+      let parentExecutionId: string | undefined
+      if (body.parent_execution_id !== undefined && body.parent_execution_id !== "") {
+        parentExecutionId = Uuid.parseUuid(body.parent_execution_id)
+        if (parentExecutionId === undefined) return yield* reject(validation)
+      }
+      let spawnedBy: Core.SpawnedBy | undefined
+      if (body.spawned_by !== undefined && body.spawned_by !== "null") {
+        const decoded = decodeStrict(encoder.encode(body.spawned_by), { execution_id: "string", step_id: "string" })
+        const parent = decoded === undefined ? undefined : Uuid.parseUuid(decoded.execution_id ?? "")
+        if (decoded === undefined || parent === undefined) return yield* reject(validation)
+        spawnedBy = { executionId: parent, stepId: decoded.step_id ?? "" }
+      }
+      const execution = yield* core.createExecution({
+        agentId: body.agent_id ?? "",
+        inputRaw: body.input,
+        agentVersion: undefined,
+        session: body.session,
+        idempotencyKey: body.idempotency_key,
+        parentExecutionId,
+        spawnedBy
+      })
+      return json(201, Wire.encodeExecution(execution))
+    })
 
   const sse = (id: string): KernelResponse => {
     const keepAlive = encoder.encode(": keep-alive\n\n")
@@ -406,7 +645,20 @@ export const make = (
     path: string,
     auth: Auth,
     handle: Route["handle"]
-  ): Route => ({ method, pattern: path.split("/"), auth, handle })
+  ): Route => ({
+    method,
+    pattern: path.split("/"),
+    auth,
+    scopes: bearerScopes[method + " " + path],
+    currentOnly: false,
+    handle
+  })
+
+  /** A route of the current stage only (PROTOCOL-CURRENT); older stages answer the plain 404. */
+  const routeCurrent = (method: string, path: string, auth: Auth, handle: Route["handle"]): Route => ({
+    ...route(method, path, auth, handle),
+    currentOnly: true
+  })
 
   const routes: ReadonlyArray<Route> = [
     route("GET", "/v0/health", "none", () => Effect.succeed(json(200, "{\"status\":\"ok\"}"))),
@@ -416,6 +668,7 @@ export const make = (
     // --- executions (client) ---
     route("POST", "/v0/executions", "bearer", (ctx) =>
       Effect.gen(function*() {
+        if (current()) return yield* createCurrent(ctx)
         const body = yield* strict(ctx, { agent_id: "string", input: "any", agent_version: "string" })
         const execution = yield* core.createExecution({
           agentId: body.agent_id ?? "",
@@ -443,14 +696,24 @@ export const make = (
           agentId: ctx.query.get("agent_id") ?? "",
           status: ctx.query.get("status") ?? "",
           cursor,
-          limit
+          limit,
+          // PROTOCOL-CURRENT C.4.7: `session` filters by exact session.
+          session: current() ? ctx.query.get("session") ?? "" : ""
         })
         return json(200, Wire.encodeExecutionList(page))
       })),
     route("GET", "/v0/executions/{id}", "dual", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
+        yield* owned(ctx, id)
         return json(200, Wire.encodeExecution(yield* core.getExecution(id)))
+      })),
+    routeCurrent("GET", "/v0/executions/{id}/previous", "dual", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.4.6: 400 for a non-UUID id, 404 unknown, 403 another agent's.
+        const id = yield* executionId(ctx)
+        yield* owned(ctx, id)
+        return json(200, "{\"state\":" + (yield* core.previousState(id)) + "}")
       })),
     route("GET", "/v0/executions/{id}/events", "bearer", (ctx) =>
       Effect.gen(function*() {
@@ -473,6 +736,7 @@ export const make = (
     route("GET", "/v0/executions/{id}/steps", "dual", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
+        yield* owned(ctx, id)
         const terminalOnly = ctx.query.get("status") === "terminal"
         const steps = yield* core.listSteps(id, terminalOnly)
         return json(200, Wire.encodeSteps(steps, terminalOnly))
@@ -480,6 +744,7 @@ export const make = (
     route("GET", "/v0/executions/{id}/steps/{step_id}", "dual", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
+        yield* owned(ctx, id)
         return json(200, Wire.encodeStep(yield* core.getStep(id, ctx.params.step_id!)))
       })),
 
@@ -487,13 +752,31 @@ export const make = (
     route("POST", "/v0/executions/{id}/steps", "agent", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
-        const body = yield* strict(ctx, { kind: "string", target: "string", args: "any", idempotency: "string" })
+        const body = yield* strict(ctx, {
+          kind: "string",
+          target: "string",
+          args: "any",
+          idempotency: "string",
+          resources: "any"
+        })
+        // `resources` is a member of the current stage only (PROTOCOL-CURRENT C.6.4, C.8.1 step 1)
+        const resources = body.resources === undefined
+          ? undefined
+          : current()
+          ? resourceKeys(body.resources)
+          : undefined
+        if (body.resources !== undefined && resources === undefined) return yield* reject(validation)
+        // the kind is part of decoding in the current stage (C.8.1 step 1, C.15 #5)
+        const badKind = current() ? Decisions.checkKind(body.kind ?? "") : undefined
+        if (badKind !== undefined) return yield* Effect.fail(badKind)
         const l = yield* lease(ctx, "submit")
+        yield* owned(ctx, id)
         const decision = yield* core.submitStep(id, l, {
           kind: body.kind ?? "",
           target: body.target ?? "",
           argsRaw: body.args,
-          idempotency: body.idempotency ?? ""
+          idempotency: body.idempotency ?? "",
+          resources
         })
         return json(200, Wire.encodeDecision(decision))
       })),
@@ -502,6 +785,7 @@ export const make = (
         const id = yield* executionId(ctx)
         const body = yield* strict(ctx, { result: "any" })
         const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
         return json(200, Wire.encodeDecision(yield* core.completeStep(id, ctx.params.step_id!, l, body.result)))
       })),
     route("POST", "/v0/executions/{id}/steps/{step_id}/fail", "agent", (ctx) =>
@@ -509,6 +793,7 @@ export const make = (
         const id = yield* executionId(ctx)
         const body = yield* strict(ctx, { error: "any" })
         const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
         return json(200, Wire.encodeDecision(yield* core.failStep(id, ctx.params.step_id!, l, body.error)))
       })),
     route("POST", "/v0/executions/{id}/steps/{step_id}/stream", "agent", (ctx) =>
@@ -517,6 +802,13 @@ export const make = (
         const body = yield* strict(ctx, { seq: "int", data: "string" })
         const data = body.data ?? ""
         if (encoder.encode(data).length > maxDeltaBytes) return yield* reject(validation)
+        if (current()) {
+          // PROTOCOL-CURRENT C.9.3, C.10: the step must be an executing step of this execution.
+          yield* owned(ctx, id)
+          const step = core.unsafeGetStep(id, ctx.params.step_id!)
+          if (step === undefined) return yield* Effect.fail(notFound())
+          if (step.status !== "executing") return yield* Effect.fail(conflict())
+        }
         yield* core.publishDelta(id, { stepId: ctx.params.step_id!, seq: body.seq ?? 0, data })
         return noContent
       })),
@@ -524,22 +816,36 @@ export const make = (
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
         const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
         yield* core.heartbeat(id, l)
         return noContent
       })),
     route("POST", "/v0/executions/{id}/complete", "agent", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
-        const body = yield* strict(ctx, { output: "any" })
+        const body = yield* strict(ctx, { output: "any", state: "any" })
+        // `state` is a member of the current stage only (PROTOCOL-CURRENT C.4.5).
+        if (body.state !== undefined && !current()) return yield* reject(validation)
         const l = yield* lease(ctx, "other")
-        yield* core.completeExecution(id, l, body.output)
+        yield* owned(ctx, id)
+        yield* core.completeExecution(id, l, body.output, body.state)
         return noContent
+      })),
+    routeCurrent("POST", "/v0/executions/{id}/suspend", "agent", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.5.2: id, lease headers, then 404/403, terminal, lease; empty body.
+        const id = yield* executionId(ctx)
+        const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
+        const suspended = yield* core.suspendExecution(id, l)
+        return json(200, suspended ? "{\"suspended\":true}" : "{\"suspended\":false}")
       })),
     route("POST", "/v0/executions/{id}/fail", "agent", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
         const body = yield* strict(ctx, { error: "string" })
         const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
         yield* core.failExecution(id, l, body.error ?? "")
         return noContent
       })),
@@ -547,6 +853,22 @@ export const make = (
     // --- agents and policies (admin) ---
     route("POST", "/v0/agents", "bearer", (ctx) =>
       Effect.gen(function*() {
+        if (current()) {
+          // PROTOCOL-CURRENT C.10: `lease_timeout_seconds` (under 10 ignored), snake_case answer.
+          const body = yield* strict(ctx, {
+            id: "string",
+            webhook_url: "string",
+            secret: "string",
+            lease_timeout_seconds: "number"
+          })
+          const record = yield* core.registerAgent({
+            id: body.id ?? "",
+            webhookUrl: body.webhook_url ?? "",
+            secret: body.secret ?? "",
+            leaseTimeoutSeconds: body.lease_timeout_seconds
+          })
+          return json(201, Wire.encodeCurrentAgent(record))
+        }
         const body = yield* strict(ctx, { id: "string", webhook_url: "string", secret: "string" })
         const record = yield* core.registerAgent({
           id: body.id ?? "",
@@ -556,9 +878,28 @@ export const make = (
         return json(201, Wire.encodeAgent(record))
       })),
     route("GET", "/v0/agents", "bearer", () =>
-      Effect.map(core.listAgents(), (agents) => json(200, Wire.encodeAgents(agents)))),
+      Effect.map(
+        core.listAgents(),
+        (agents) => json(200, current() ? Wire.encodeCurrentAgents(agents) : Wire.encodeAgents(agents))
+      )),
     route("GET", "/v0/agents/{id}", "bearer", (ctx) =>
-      Effect.map(core.getAgent(ctx.params.id!), (agent) => json(200, Wire.encodeAgent(agent)))),
+      Effect.map(
+        core.getAgent(ctx.params.id!),
+        (agent) => json(200, current() ? Wire.encodeCurrentAgent(agent) : Wire.encodeAgent(agent))
+      )),
+    routeCurrent("PUT", "/v0/agents/{id}/metadata", "agent", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.3.3: a known agent (404), the signer's own (403), strict body, 204 —
+        // lookup before ownership, as for executions (C.9.3).
+        const agentId = ctx.params.id!
+        yield* core.getAgent(agentId)
+        if (ctx.principal._tag !== "Agent" || ctx.principal.agentId !== agentId) return yield* Effect.fail(forbidden())
+        const body = yield* strict(ctx, { description: "any", input_schema: "any", output_schema: "any" })
+        const metadata = decodeMetadata(body)
+        if (metadata === undefined) return yield* reject(validation)
+        yield* core.setAgentMetadata(agentId, metadata)
+        return noContent
+      })),
     route("DELETE", "/v0/agents/{id}", "bearer", (ctx) => Effect.as(core.deleteAgent(ctx.params.id!), noContent)),
     route("POST", "/v0/policies/{agent_id}", "bearer", (ctx) =>
       Effect.gen(function*() {
@@ -588,6 +929,29 @@ export const make = (
         const body = yield* strict(ctx, { decided_by: "string", rationale: "string" })
         yield* core.denyApproval(id, { decidedBy: body.decided_by ?? "", rationale: body.rationale ?? "" })
         return noContent
+      })),
+
+    // --- API keys (PROTOCOL-CURRENT C.9.2) ---
+    routeCurrent("POST", "/v0/api-keys", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        const body = yield* strict(ctx, { name: "string", scopes: "any" })
+        const scopes = decodeStringList(body.scopes)
+        if (scopes === undefined) return yield* reject(validation)
+        const issued = yield* core.createApiKey({ name: body.name ?? "", scopes })
+        return noStore(json(201, Wire.encodeIssuedApiKey(issued)))
+      })),
+    routeCurrent("GET", "/v0/api-keys", "bearer", () =>
+      Effect.map(core.listApiKeys(), (keys) => json(200, Wire.encodeApiKeys(keys)))),
+    routeCurrent("POST", "/v0/api-keys/{id}/rotate", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        const id = yield* executionId(ctx)
+        return noStore(json(200, Wire.encodeIssuedApiKey(yield* core.rotateApiKey(id))))
+      })),
+    routeCurrent("DELETE", "/v0/api-keys/{id}", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        const id = yield* executionId(ctx)
+        yield* core.revokeApiKey(id)
+        return noContent
       }))
   ]
 
@@ -595,7 +959,9 @@ export const make = (
     const { path, query } = splitTarget(req.url)
     const segments = path.split("/").map(decodeSegment)
     const allowed: Array<string> = []
+    const isCurrent = current()
     for (const r of routes) {
+      if (r.currentOnly && !isCurrent) continue
       const params = matchPattern(r.pattern, segments)
       if (params === undefined) continue
       if (r.method !== req.method) {
@@ -614,9 +980,13 @@ export const make = (
             Effect.mapError(() => new Reject(agentPath ? unauthorized : validation))
           )
       )
-      const ctx: Ctx = { req, params, query: new URLSearchParams(query), body }
-      const auth = r.auth === "none" ? Effect.void : agentPath ? agent(ctx) : bearer(req)
-      return Effect.andThen(auth, r.handle(ctx))
+      const base: RequestCtx = { req, params, query: new URLSearchParams(query), body }
+      const auth: Effect.Effect<Principal, Reject> = r.auth === "none"
+        ? Effect.succeed(FULL)
+        : agentPath
+        ? agent(base)
+        : bearer(req, r)
+      return Effect.flatMap(auth, (principal) => r.handle({ ...base, principal }))
     }
     return Effect.succeed(allowed.length > 0 ? methodNotAllowed(allowed) : notFoundPage)
   }

@@ -12,6 +12,7 @@ import { quoteString } from "../internal/wire/json.js"
 import { formatTimestamp } from "../internal/wire/time.js"
 import type {
   AgentRecord,
+  ApiKeyRecord,
   ApprovalRecord,
   Claim,
   Decision,
@@ -19,6 +20,8 @@ import type {
   EventRecord,
   ExecutionPage,
   ExecutionRecord,
+  IssuedApiKey,
+  Stage,
   StepRecord
 } from "./Core.js"
 
@@ -28,7 +31,10 @@ const time = (ms: number): string => "\"" + formatTimestamp(ms) + "\""
 
 /**
  * An Execution object (11.12): `agent_version`, `output`, `failure_reason` and
- * `deadline_at` only when set; `input` always (`null` when absent).
+ * `deadline_at` only when set; `input` always (`null` when absent). The
+ * current stage's `session`, `parent_execution_id`, `idempotency_key` and
+ * `spawned_by` (PROTOCOL-CURRENT C.10) follow `failure_reason`, each only when
+ * set (only a current-stage kernel sets them).
  *
  * @since 0.1.0
  * @category encoding
@@ -39,6 +45,13 @@ export const encodeExecution = (e: ExecutionRecord): string => {
   out += ",\"input\":" + (e.inputRaw ?? "null") + ",\"status\":" + quoteString(e.status)
   if (e.outputRaw !== undefined) out += ",\"output\":" + e.outputRaw
   if (e.failureReason !== "") out += ",\"failure_reason\":" + quoteString(e.failureReason)
+  if (e.session !== undefined) out += ",\"session\":" + quoteString(e.session)
+  if (e.parentExecutionId !== undefined) out += ",\"parent_execution_id\":" + id(e.parentExecutionId)
+  if (e.idempotencyKey !== undefined) out += ",\"idempotency_key\":" + quoteString(e.idempotencyKey)
+  if (e.spawnedBy !== undefined) {
+    out += ",\"spawned_by\":{\"execution_id\":" + id(e.spawnedBy.executionId) + ",\"step_id\":" +
+      quoteString(e.spawnedBy.stepId) + "}"
+  }
   out += ",\"created_at\":" + time(e.createdAtMs) + ",\"updated_at\":" + time(e.updatedAtMs)
   if (e.deadlineAtMs !== undefined) out += ",\"deadline_at\":" + time(e.deadlineAtMs)
   return out + "}"
@@ -104,8 +117,75 @@ export const encodeAgent = (a: AgentRecord): string =>
   ",\"PolicyBundle\":" + quoteString(a.policyBundle) + ",\"RegisteredAt\":" + time(a.registeredAtMs) + "}"
 
 /**
+ * An Agent object of the current stage (PROTOCOL-CURRENT C.10): snake_case,
+ * `{"id","webhook_url","policy_bundle"?,"registered_at","lease_timeout_seconds"?}`,
+ * the secret never included. `policy_bundle` only when a bundle is loaded,
+ * `lease_timeout_seconds` only when the agent has its own lease timeout.
+ * The published metadata (C.3) is not part of it: C.10 lists the members and
+ * no source shows metadata in agent JSON (C.15 #1); read it from
+ * `AgentRecord.metadata`.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeCurrentAgent = (a: AgentRecord): string => {
+  let out = "{\"id\":" + quoteString(a.id) + ",\"webhook_url\":" + quoteString(a.webhookUrl)
+  if (a.policyBundle !== "") out += ",\"policy_bundle\":" + quoteString(a.policyBundle)
+  out += ",\"registered_at\":" + time(a.registeredAtMs)
+  if (a.leaseTimeoutMs !== undefined) out += ",\"lease_timeout_seconds\":" + a.leaseTimeoutMs / 1000
+  return out + "}"
+}
+
+/**
+ * `GET /v0/agents` of the current stage: `[]` when empty.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeCurrentAgents = (agents: ReadonlyArray<AgentRecord>): string =>
+  encodeList(agents, encodeCurrentAgent, { emptyAsArray: true })
+
+/**
+ * An API key as listed (PROTOCOL-CURRENT C.9.2):
+ * `{"id","name","scopes","created_at"[,"revoked_at"]}`.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeApiKey = (k: ApiKeyRecord): string => {
+  let out = "{\"id\":" + id(k.id) + ",\"name\":" + quoteString(k.name) + ",\"scopes\":[" +
+    k.scopes.map(quoteString).join(",") + "],\"created_at\":" + time(k.createdAtMs)
+  if (k.revokedAtMs !== undefined) out += ",\"revoked_at\":" + time(k.revokedAtMs)
+  return out + "}"
+}
+
+/**
+ * The answer of create and rotate (PROTOCOL-CURRENT C.9.2):
+ * `{"id","name","scopes","created_at","token"}`.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeIssuedApiKey = (issued: IssuedApiKey): string => {
+  const k = issued.key
+  return "{\"id\":" + id(k.id) + ",\"name\":" + quoteString(k.name) + ",\"scopes\":[" +
+    k.scopes.map(quoteString).join(",") + "],\"created_at\":" + time(k.createdAtMs) + ",\"token\":" +
+    quoteString(issued.token) + "}"
+}
+
+/**
+ * `GET /v0/api-keys`: revoked keys included; `[]` when empty.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeApiKeys = (keys: ReadonlyArray<ApiKeyRecord>): string =>
+  encodeList(keys, encodeApiKey, { emptyAsArray: true })
+
+/**
  * A StepDecision (7.1): every member but `decision` omitted when empty; `result`
- * and `error` present exactly when stored.
+ * and `error` present exactly when stored; `rule_id` last (current stage,
+ * PROTOCOL-CURRENT C.8.4: `{"decision":"denied","step_id","reason","rule_id"}`).
  *
  * @since 0.1.0
  * @category encoding
@@ -117,6 +197,7 @@ export const encodeDecision = (d: Decision): string => {
   if (d.errorRaw !== undefined) out += ",\"error\":" + d.errorRaw
   if (d.approvalId !== undefined && d.approvalId !== "") out += ",\"approval_id\":" + id(d.approvalId)
   if (d.reason !== undefined && d.reason !== "") out += ",\"reason\":" + quoteString(d.reason)
+  if (d.ruleId !== undefined && d.ruleId !== "") out += ",\"rule_id\":" + quoteString(d.ruleId)
   return out + "}"
 }
 
@@ -197,23 +278,28 @@ export const encodeAgents = (agents: ReadonlyArray<AgentRecord>): string =>
   encodeList(agents, encodeAgent, { emptyAsArray: true })
 
 /**
- * The error envelope (13.1): `{"code":…,"message":…}`.
+ * The error envelope (13.1): `{"code":…,"message":…}`, plus the current
+ * stage's optional `details` (PROTOCOL-CURRENT C.10), raw JSON inserted as given.
  *
  * @since 0.1.0
  * @category encoding
  */
-export const encodeError = (e: { readonly code: string; readonly message: string }): string =>
-  "{\"code\":" + quoteString(e.code) + ",\"message\":" + quoteString(e.message) + "}"
+export const encodeError = (
+  e: { readonly code: string; readonly message: string; readonly details?: string | undefined }
+): string =>
+  "{\"code\":" + quoteString(e.code) + ",\"message\":" + quoteString(e.message) +
+  (e.details === undefined ? "}" : ",\"details\":" + e.details + "}")
 
 /**
- * The webhook body (5.5). With `compat` (v0.14.0, 17.A) only `execution_id` and
- * `dispatch_id` are sent.
+ * The webhook body (5.5): `dispatch_attempt` and `lease_timeout_seconds` are
+ * always sent (PROTOCOL-CURRENT C.2.2), except in the `"v0.14.0"` stage (17.A),
+ * which sends only `execution_id` and `dispatch_id`.
  *
  * @since 0.1.0
  * @category encoding
  */
-export const encodeWebhookBody = (claim: Claim, options?: { readonly compat?: boolean | undefined }): string =>
+export const encodeWebhookBody = (claim: Claim, options?: { readonly stage?: Stage | undefined }): string =>
   "{\"execution_id\":" + id(claim.executionId) + ",\"dispatch_id\":" + id(claim.dispatchId) +
-  (options?.compat === true
+  (options?.stage === "v0.14.0"
     ? "}"
     : ",\"dispatch_attempt\":" + claim.attempt + ",\"lease_timeout_seconds\":" + claim.leaseTimeoutSeconds + "}")

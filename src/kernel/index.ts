@@ -66,8 +66,13 @@ export interface StartOptions {
   readonly port?: number | undefined
   /** Path of a dev manifest (PROTOCOL 4.2) to load before serving. */
   readonly manifest?: string | undefined
-  /** Core settings (lease timeout, max attempts, …). */
+  /** Core settings (lease timeout, max attempts, stage, …). */
   readonly settings?: Partial<Core.Settings> | undefined
+  /**
+   * The protocol stage: `"current"` (default, PROTOCOL-CURRENT), `"seed"` or
+   * `"v0.14.0"` (the reference kernel v0.14.0). Wins over `settings.stage`.
+   */
+  readonly stage?: Core.Stage | undefined
   /** Dispatcher options (concurrency, webhook timeout, custom delivery, …). */
   readonly dispatcher?: Dispatcher.Options | undefined
   /** Bearer token of the client/admin routes; dev mode when absent. */
@@ -125,7 +130,9 @@ export const formatUrl = (address: NetAddress.SocketAddress): string => {
  * @category constructors
  */
 export const start = Effect.fn("Kernel.start")(function*(options: StartOptions = {}) {
-  const core = yield* Core.make(options.settings)
+  const core = yield* Core.make(
+    options.stage === undefined ? options.settings : { ...options.settings, stage: options.stage }
+  )
   const agents = options.manifest === undefined
     ? []
     : yield* Manifest.loadInto(core, options.manifest).pipe(

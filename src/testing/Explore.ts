@@ -643,7 +643,7 @@ export const crashes = <R>(
           lapsedAt !== undefined && (c.seq > lapsedAt.seq || (c.seq === lapsedAt.seq && plan.point.when === "before"))
         )
         const written = after.find((c) =>
-          c.reached && c.call !== "getExecution" && c.answer !== "lease_superseded" &&
+          c.reached && c.call !== "getExecution" && c.call !== "previous" && c.answer !== "lease_superseded" &&
           c.answer !== "execution_terminal" && c.answer !== "replay"
         )
         if (written !== undefined) {

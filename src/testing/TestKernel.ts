@@ -5,6 +5,15 @@
  * `TestClock`: replay, crashes, lease loss, approvals, denials, rate limits,
  * cancellation and heartbeats, without sockets or real time.
  *
+ * The kernel speaks the current stage by default (PROTOCOL-CURRENT; the
+ * `stage` option pins `"seed"` or `"v0.14.0"`): executions of a session run
+ * one at a time and pass their state on (`session` on {@link RunOptions} and
+ * {@link CreateOptions}), a subagent call runs the other agent — registered
+ * in the same kit — while its parent is suspended, a rate limit with
+ * `max_wait` parks the execution and settling moves virtual time to its
+ * redelivery, and scoped API keys work through the kit's `Client`
+ * ({@link Options.apiToken}, {@link TestKernel.Service.client}).
+ *
  * Faults are injected at the agent → kernel calls: a crash (the agent's process
  * dies), a lease lapse (the process stalls while staying alive, and is fenced
  * when it wakes up), a transport failure (the kernel is unreachable, before or
@@ -23,7 +32,7 @@
  *
  * @since 0.1.0
  */
-import { Array as Arr, Clock, Context, Effect, Layer, Option } from "effect"
+import { Array as Arr, Clock, Context, Effect, Layer, Option, Redacted } from "effect"
 import type { Duration, Scope } from "effect"
 import type { HttpClient } from "effect/http"
 import type { TestClock } from "effect/testing"
@@ -134,10 +143,53 @@ export interface RunOptions {
   readonly recovery?: "lease" | "immediate" | undefined
   /** Transport failures to inject. */
   readonly faults?: ReadonlyArray<Fault> | undefined
-  /** The agent version label recorded on the execution. */
+  /** The agent version label recorded on the execution (seed stage and v0.14.0 only). */
   readonly agentVersion?: string | undefined
+  /**
+   * Run the execution in this session (PROTOCOL-CURRENT C.4): it waits for the
+   * session's earlier executions and reads their state with `previous`.
+   *
+   * @since 0.2.0
+   */
+  readonly session?: string | undefined
+  /**
+   * The create's idempotency key (PROTOCOL-CURRENT C.4.1): a repeat settles
+   * the first execution and runs nothing new.
+   *
+   * @since 0.2.0
+   */
+  readonly idempotencyKey?: string | undefined
+  /**
+   * An explicit parent: a completed execution of the same agent, whose state
+   * `previous` reads (PROTOCOL-CURRENT C.4.1).
+   *
+   * @since 0.2.0
+   */
+  readonly parentExecutionId?: string | undefined
   /** Give up after this much virtual time (default 1 hour). */
   readonly timeout?: Duration.Input | undefined
+}
+
+/**
+ * Options of {@link TestKernel.Service.create}: what `POST /v0/executions`
+ * takes besides the agent and the input. The current-stage members
+ * (PROTOCOL-CURRENT C.4.1, C.5.1) are ignored by the older stages; an empty
+ * string counts as absent.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CreateOptions {
+  /** The agent version label (seed stage and v0.14.0 only). */
+  readonly agentVersion?: string | undefined
+  /** The session: one execution at a time, each reading its predecessor's state (C.4). */
+  readonly session?: string | undefined
+  /** At most one execution per agent and key: a repeat answers the first (C.4.1 step 4). */
+  readonly idempotencyKey?: string | undefined
+  /** An explicit parent: a completed execution of the same agent (C.4.1 step 5). */
+  readonly parentExecutionId?: string | undefined
+  /** Bind the execution as a subagent of this executing step (C.5.1). */
+  readonly spawnedBy?: { readonly executionId: string; readonly stepId: string } | undefined
 }
 
 /**
@@ -229,6 +281,16 @@ export interface Options<R = never> {
   /** Kernel settings (lease timeout, max attempts, approval timeout, …). */
   readonly settings?: Partial<Core.Settings> | undefined
   /**
+   * The protocol stage the kernel speaks (default `"current"`,
+   * PROTOCOL-CURRENT): sessions, subagents, rate-limit parking, scoped API
+   * keys. `"seed"` is PROTOCOL.md as before the current stage; `"v0.14.0"`
+   * emulates the reference kernel v0.14.0 (no attempts, no fencing). Wins
+   * over `settings.stage`.
+   *
+   * @since 0.2.0
+   */
+  readonly stage?: Core.Settings["stage"] | undefined
+  /**
    * `"direct"` (default) calls the core without serialising; `"http"` sends the
    * exact signed bytes through the kernel's routes in-process, as over a socket.
    * Both retry the calls PROTOCOL.md 15.1 declares safe; faults work with both.
@@ -236,6 +298,17 @@ export interface Options<R = never> {
   readonly transport?: "direct" | "http" | undefined
   /** The agent secret used for every agent (default `"test-secret"`). */
   readonly secret?: string | undefined
+  /**
+   * The kernel's bootstrap token (PROTOCOL-CURRENT C.9.1): with one, every
+   * bearer route needs `Authorization: Bearer` with this token (full access)
+   * or an API key's token (its scopes). The kit's `Client` sends it. Without
+   * one the kernel is open, as a dev kernel is — unless a request brings an
+   * API key, which is then checked. {@link TestKernel.Service.client} makes
+   * further clients with other keys.
+   *
+   * @since 0.2.0
+   */
+  readonly apiToken?: Redacted.Redacted<string> | string | undefined
 }
 
 /**
@@ -250,23 +323,36 @@ export declare namespace TestKernel {
   export interface Service {
     /** The kernel core, for direct inspection. */
     readonly core: Core.KernelCore
-    /** Register an agent (upsert) and start serving it in-process. */
+    /**
+     * Register an agent (upsert) and start serving it in-process. Its handler
+     * gets the kit's `Client` (for subagent calls) unless the context already
+     * has one.
+     */
     readonly register: <R>(
       agent: Agent.Agent<any, any, any, R>,
       options?: { readonly policy?: string | undefined }
-    ) => Effect.Effect<void, Core.KernelFailure, R>
-    /** Create an execution (input must be JSON); it is delivered on the next tick. */
+    ) => Effect.Effect<void, Core.KernelFailure, Exclude<R, Client.Client>>
+    /**
+     * Create an execution (input must be JSON); it is delivered on the next
+     * tick — or, in a busy session, once the session frees up
+     * (PROTOCOL-CURRENT C.4.4).
+     */
     readonly create: (
       agentId: string,
       input?: unknown,
-      options?: { readonly agentVersion?: string | undefined }
+      options?: CreateOptions
     ) => Effect.Effect<string, Core.KernelFailure>
     /**
-     * Drive the kernel (ticks, deliveries, virtual time for heartbeats, backoff
-     * and lease expiry) until the execution is terminal or blocked on an approval
-     * and no run is in progress. Dispatcher ticks happen on a 2 s grid of virtual
-     * time from the start of the call (and at once after an enqueue), as the
-     * embedded kernel's loop would; idle stretches are skipped in one step.
+     * Drive the kernel (ticks, deliveries, virtual time for heartbeats, backoff,
+     * rate-limit parking and lease expiry) until the execution is terminal or
+     * waits on people, and no run is in progress. Waiting on people: blocked on
+     * an approval; blocked on subagents (PROTOCOL-CURRENT C.5.2) that all wait
+     * on people; pending in a session whose busy execution waits on people.
+     * Meanwhile every other execution moves too: earlier executions of its
+     * session, its subagents. Dispatcher ticks happen on a grid of virtual time
+     * from the start of the call (250 ms in the current stage, 2 s before it;
+     * and at once after an enqueue), as the embedded kernel's loop would; idle
+     * stretches are skipped in one step.
      */
     readonly settle: (executionId: string, options?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure>
     /** Create an execution of a registered agent and settle it. */
@@ -343,6 +429,16 @@ export declare namespace TestKernel {
     readonly deliveries: (executionId: string) => Effect.Effect<number>
     /** An `HttpClient` that answers from this kernel's routes in-process. */
     readonly httpClient: HttpClient.HttpClient
+    /**
+     * A `Client` over this kernel's routes in-process that sends `apiKey`
+     * as its bearer token (an API key's token, or the bootstrap token), or
+     * no `Authorization` header without one (PROTOCOL-CURRENT C.9.1).
+     *
+     * @since 0.2.0
+     */
+    readonly client: (
+      options?: { readonly apiKey?: Redacted.Redacted<string> | string | undefined }
+    ) => Effect.Effect<Client.Client.Service>
   }
 }
 
@@ -353,6 +449,8 @@ export declare namespace TestKernel {
  * @category tags
  */
 export class TestKernel extends Context.Service<TestKernel, TestKernel.Service>()("effect-rebuno/testing/TestKernel") {}
+
+const nonEmpty = (s: string | undefined): string | undefined => s === "" ? undefined : s
 
 /**
  * Build a test kernel in the current scope. Prefer {@link layer}.
@@ -369,7 +467,7 @@ export const make = <R = never>(
     readonly client: Client.Client.Service
   },
   never,
-  Scope.Scope | R
+  Scope.Scope | Exclude<R, Client.Client>
 > =>
   Effect.gen(function*() {
     const secret = options.secret ?? "test-secret"
@@ -378,23 +476,29 @@ export const make = <R = never>(
     const clock = yield* Clock.clockWith((clock) =>
       Effect.succeed(TrackedClock.isTrackedClock(clock) ? clock : TrackedClock.wrap(clock as TestClock.TestClock))
     )
-    const core = yield* Core.make(options.settings)
+    const core = yield* Core.make(
+      options.stage === undefined ? options.settings : { ...options.settings, stage: options.stage }
+    )
     const activity = new Activity()
     const callLog = new CallLog(core)
     const processes = Processes.make({ core, secret, clock })
     const faults = Faults.make({ core, callLog, processes, activity })
-    const { client, httpClient, kernelClient } = yield* Clients.make({
+    const apiToken = options.apiToken === undefined || Redacted.isRedacted(options.apiToken)
+      ? options.apiToken
+      : Redacted.make(options.apiToken)
+    const { client, clientWith, httpClient, kernelClient } = yield* Clients.make({
       core,
       secret,
       transport: options.transport ?? "direct",
       interceptor: faults.interceptor,
-      activity
+      activity,
+      ...(apiToken === undefined ? {} : { apiToken })
     })
     const dispatcher = yield* Dispatcher.make(core, { deliver: processes.deliver, background: false })
     yield* Effect.addFinalizer(() => processes.close)
 
     const register: TestKernel.Service["register"] = (agent, registerOptions) =>
-      processes.register(agent, kernelClient, registerOptions?.policy ?? options.policies?.[agent.id])
+      processes.register(agent, kernelClient, client, registerOptions?.policy ?? options.policies?.[agent.id])
 
     const create: TestKernel.Service["create"] = (agentId, input, createOptions) =>
       Effect.gen(function*() {
@@ -413,7 +517,11 @@ export const make = <R = never>(
         const record = yield* core.createExecution({
           agentId,
           inputRaw,
-          agentVersion: createOptions?.agentVersion
+          agentVersion: nonEmpty(createOptions?.agentVersion),
+          session: nonEmpty(createOptions?.session),
+          idempotencyKey: nonEmpty(createOptions?.idempotencyKey),
+          parentExecutionId: nonEmpty(createOptions?.parentExecutionId),
+          spawnedBy: createOptions?.spawnedBy
         })
         return record.id
       })
@@ -441,7 +549,12 @@ export const make = <R = never>(
       settle,
       run: (agent, input, runOptions) =>
         Effect.flatMap(
-          create(typeof agent === "string" ? agent : agent.id, input, { agentVersion: runOptions?.agentVersion }),
+          create(typeof agent === "string" ? agent : agent.id, input, {
+            agentVersion: runOptions?.agentVersion,
+            session: runOptions?.session,
+            idempotencyKey: runOptions?.idempotencyKey,
+            parentExecutionId: runOptions?.parentExecutionId
+          }),
           (id) => settle(id, runOptions)
         ),
       crash: (executionId, point) => Effect.sync(() => faults.crash(executionId, point)),
@@ -467,7 +580,8 @@ export const make = <R = never>(
       cancel: (executionId) => core.cancelExecution(executionId),
       loadPolicy: (agentId, bundle) => core.loadPolicy(agentId, bundle),
       deliveries: (executionId) => Effect.sync(() => processes.deliveries(executionId)),
-      httpClient
+      httpClient,
+      client: (clientOptions) => clientWith(clientOptions?.apiKey)
     }
 
     for (const agent of options.agents ?? []) {
@@ -482,14 +596,16 @@ export const make = <R = never>(
  * `KernelClient` (what agents use) and an in-process `Client` (what backends
  * use), all over one embedded kernel core. Use it under `TestClock`
  * (`it.effect` from `@effect/vitest`): the kit's runs sleep on a clock that
- * delegates to it, so `TestClock.adjust` moves them too.
+ * delegates to it, so `TestClock.adjust` moves them too. The agents' handlers
+ * get the kit's `Client` (a subagent call creates its child with it), so an
+ * agent's need for a `Client` is not asked of the caller.
  *
  * @since 0.1.0
  * @category layers
  */
 export const layer = <R = never>(
   options: Options<R> = {}
-): Layer.Layer<TestKernel | KernelClient | Client.Client, never, R> =>
+): Layer.Layer<TestKernel | KernelClient | Client.Client, never, Exclude<R, Client.Client>> =>
   Layer.effectContext(
     Effect.map(make(options), ({ client, kernel, kernelClient }) =>
       Context.make(TestKernel, kernel).pipe(

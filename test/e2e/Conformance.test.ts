@@ -116,7 +116,8 @@ const register = (base: string) =>
 describe.skipIf(reference === undefined)("conformance with the reference kernel (REBUNO_REFERENCE_URL)", () => {
   it.live("answers every request exactly like the reference kernel", () =>
     Effect.gen(function*() {
-      const kernel = yield* Kernel.start({ port: 0 })
+      // The reference kernel speaks v0.14.0: the embedded kernel is pinned to that stage.
+      const kernel = yield* Kernel.start({ port: 0, stage: "v0.14.0" })
       const embedded = yield* register(kernel.url)
       const ref = yield* register(reference!)
       // 16.3 #2: the reference echoes the secret in clear on registration; the embedded kernel never does.

@@ -401,7 +401,7 @@ describe("webhooks", () => {
       const t0 = at(tail[0]!)
       expect(tail.map((e) => at(e) - t0)).toEqual([0, 2_000, 4_000, 8_000, 16_000, 16_000])
       expect(run.deliveries).toBe(0)
-    }).pipe(Effect.provide(TestKernel.layer({ settings: { random: () => 0 } }))))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", settings: { random: () => 0 } }))))
 
   it.effect("a runtime answering 500 twice: retried, then delivered on the 3rd attempt", () => {
     const world = makeWorld()
@@ -416,7 +416,7 @@ describe("webhooks", () => {
         .toEqual([["dispatch.failed", 1, 0], ["dispatch.failed", 2, 2_000], ["dispatch.acked", 3, 4_000]])
       expect(run.deliveries).toBe(1)
       expect(world.started).toEqual({ fetch: 1, charge: 1 })
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], settings: { random: () => 0 } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [world.agent], settings: { random: () => 0 } })))
   })
 
   it.effect("a runtime that always fails exhausts the dispatch; the handler never runs", () => {

@@ -58,6 +58,7 @@ const makeWorld = (id = "shipper") => {
 
 const layerFor = (world: ReturnType<typeof makeWorld>) =>
   TestKernel.layer({
+    stage: "seed",
     agents: [world.agent, world.strict],
     policies: { [world.agent.id]: gatePolicy, [world.strict.id]: gatePolicy }
   })
@@ -120,7 +121,7 @@ describe("approvals", () => {
       const done = yield* kernel.settle(run.executionId)
       expect(done.status).toBe("completed")
       expect(count.wiped).toBe(1)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { wiper: gatePolicy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { wiper: gatePolicy } })))
   })
 
   it.effect("grant → the rerun replays earlier steps (bodies not re-run) and the gated step proceeds once", () => {
@@ -328,6 +329,6 @@ describe("the other fibers of a blocked run", () => {
       expect(yield* kit.execution(id)).toMatchObject({ status: "completed", output: ["summarise", "deploy"] })
       expect(ran.sort()).toEqual(["deploy", "fetch", "summarise"])
       expect(fromFirstStep(yield* kit.events(id)).filter((t) => t === "step.succeeded")).toHaveLength(3)
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 })

@@ -87,7 +87,7 @@ describe("cancellation", () => {
       expect(stepAfter.status).toBe("cancelled")
       expect(stepAfter.result).toBeUndefined()
       expect(yield* kit.events(id)).toEqual(eventsAtCancel)
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 
   it.effect("mid-step: a run still in its body stops at its next heartbeat (409 lease_superseded)", () => {
@@ -102,7 +102,7 @@ describe("cancellation", () => {
       expect(observed.log.map((c) => `${c.call}:${c.outcome}`)).toEqual(["submitStep:proceed"])
       expect(observed.posts()).toEqual([])
       expect((yield* observed.kit.execution(id)).status).toBe("cancelled")
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 
   it.effect("a handler that goes on after Terminated gets execution_terminal again, and still posts nothing", () => {
@@ -137,7 +137,7 @@ describe("cancellation", () => {
       ])
       expect(observed.posts()).toEqual([])
       expect((yield* observed.kit.steps(id)).map((s) => s.target)).toEqual(["slow"])
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 
   it.effect("with a pending approval: the approval expires with execution_cancelled and no new dispatch is queued", () => {
@@ -181,6 +181,7 @@ describe("cancellation", () => {
       expect([again.status, again.code, again.message]).toEqual([409, "execution_terminal", "execution terminal"])
       yield* client.cancel(blocked.executionId)
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [agent],
       policies: { shipper: yaml("rules:", "  - { id: gate, then: { decision: require_approval } }") }
     })))
@@ -198,6 +199,6 @@ describe("cancellation", () => {
       yield* until("no run", Effect.map(observed.runtime.activeRuns, (n) => n === 0))
       expect((yield* observed.kit.core.dispatches(id)).map((d) => d.status)).toEqual(["exhausted"])
       expect(observed.log.filter((c) => c.call === "submitStep")).toHaveLength(1)
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 })

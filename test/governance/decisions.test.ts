@@ -54,7 +54,7 @@ describe("refusals as typed errors", () => {
       expect(step.status).toBe("denied")
       expect(step.error).toEqual({ reason: "shell is off", rule_id: "no-shell" })
       expect(tools.ran).toEqual([])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { catcher: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { catcher: policy } })))
   })
 
   it.effect("an unhandled denial fails the execution with policy_denied: <reason>", () => {
@@ -68,7 +68,7 @@ describe("refusals as typed errors", () => {
       expect(payloads(run.events, "execution.failed")).toEqual([
         { execution_id: run.executionId, reason: "policy_denied: shell is off", status: "failed" }
       ])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { plain: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { plain: policy } })))
   })
 
   it.effect("a reason that looks like a token (^[a-z0-9_]+$) is posted as is, without the policy_denied: prefix", () => {
@@ -79,6 +79,7 @@ describe("refusals as typed errors", () => {
       const run = yield* kernel.run(agent)
       expect(run.failureReason).toBe("maintenance_window")
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [agent],
       policies: { plain: yaml("rules:", "  - { id: m, when: { target: shell }, then: { decision: deny, reason: maintenance_window } }") }
     })))
@@ -119,7 +120,7 @@ describe("refusals as typed errors", () => {
       expect(replayed.output).toBe("policy_denied")
       const fresh = yield* kernel.run(catching)
       expect(fresh.output).toBe("denied by policy")
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [plain, catching], policies: { plain: policy, catching: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [plain, catching], policies: { plain: policy, catching: policy } })))
   })
 
   it.effect("a replayed denial without reason fails an unhandled run with the token policy_denied", () => {
@@ -130,7 +131,7 @@ describe("refusals as typed errors", () => {
       const run = yield* kernel.run(agent, undefined, { crash: { call: "failExecution", index: 0, when: "before" } })
       expect(run.status).toBe("failed")
       expect(run.failureReason).toBe("policy_denied")
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { plain: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { plain: policy } })))
   })
 
   it.effect("default deny fails an unhandled run with policy_denied: no explicit allow rule matched", () => {
@@ -141,7 +142,7 @@ describe("refusals as typed errors", () => {
       const run = yield* kernel.run(agent)
       expect(run.failureReason).toBe("policy_denied: no explicit allow rule matched")
       expect(run.steps[0]!.error).toEqual({ reason: "no explicit allow rule matched", rule_id: "default" })
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { plain: "default_action: deny\n" } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { plain: "default_action: deny\n" } })))
   })
 
   it.effect("RateLimited carries the reason; unhandled it fails the run with rate_limit_exceeded", () => {
@@ -169,7 +170,7 @@ describe("refusals as typed errors", () => {
       const failed = yield* kernel.run(plain)
       expect(failed.status).toBe("failed")
       expect(failed.failureReason).toBe("rate_limit_exceeded")
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [catching, plain], policies: { catching: policy, plain: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [catching, plain], policies: { catching: policy, plain: policy } })))
   })
 
   it.effect("Tool.denialAsText hands the model '<name> not allowed. reason: <reason>' instead of failing", () => {
@@ -198,7 +199,7 @@ describe("refusals as typed errors", () => {
       ])
       expect(tools.ran).toEqual(["deploy"])
       expect(shell.name).toBe("shell")
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { "llm-loop": policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { "llm-loop": policy } })))
   })
 
   it.effect("denials of local steps still raise PolicyError (14.6)", () => {
@@ -209,6 +210,7 @@ describe("refusals as typed errors", () => {
       expect(run.status).toBe("failed")
       expect(run.failureReason).toBe("policy_denied: no dice")
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [agent],
       policies: { local: yaml("rules:", "  - { id: dice, when: { target: roll }, then: { decision: deny, reason: no dice } }") }
     })))
@@ -251,6 +253,7 @@ describe("the same refusals over the signed wire (transport: http)", () => {
       expect(blocked.status).toBe("blocked")
       expect(blocked.approvals.map((a) => a.id)).toHaveLength(1)
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [agent, gated],
       transport: "http",
       policies: {
@@ -308,6 +311,6 @@ describe("Blocked and the suspension backstop", () => {
       ])
       expect((yield* observed.kit.execution(id)).status).toBe("completed")
       expect(tools.ran).toEqual(["deploy"])
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 })

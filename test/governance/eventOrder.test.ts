@@ -88,7 +88,7 @@ const policies = {
 
 const denied = Agent.make({ id: "denied", handler: () => search({ q: "x" }) })
 
-const layer = TestKernel.layer({ agents: [happy, shipper, denied], policies })
+const layer = TestKernel.layer({ stage: "seed", agents: [happy, shipper, denied], policies })
 
 describe("event order (PROTOCOL.md 12.3)", () => {
   it.effect("happy path: one allowed tool, one LLM call", () =>
@@ -289,7 +289,7 @@ describe("event order (PROTOCOL.md 12.3)", () => {
           target: "slow"
         }
       ])
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 
   it.effect("cancel with both: execution.cancelled, then per pending approval approval.expired + step.denied, then step.cancelled", () => {
@@ -318,6 +318,6 @@ describe("event order (PROTOCOL.md 12.3)", () => {
       expectDense(events)
       const steps = yield* observed.kit.steps(id)
       expect(steps.map((s) => `${s.target}:${s.status}`).sort()).toEqual(["deploy:denied", "slow:cancelled"])
-    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer()))
+    }).pipe(Effect.scoped, Effect.provide(TestKernel.layer({ stage: "seed" })))
   })
 })

@@ -76,7 +76,7 @@ const makeShipper = () => {
 
 /** A kernel, a client, and the shipper agent served over HTTP, registered and gated through the Client. */
 const setupShipper = Effect.gen(function*() {
-  const kernel = yield* Kernel.start({ port: 0 })
+  const kernel = yield* Kernel.start({ port: 0, settings: { stage: "seed" } })
   const client = yield* clientFor(kernel.url)
   const shipper = makeShipper()
   const webhookUrl = yield* serveAgent(shipper.agent, kernel.url, secret)
@@ -182,7 +182,7 @@ describe("Client over real HTTP", () => {
 
   it.live("list pages newest first with a cursor (7 executions, page size 3 → 3 pages); follow ends on cancel", () =>
     Effect.gen(function*() {
-      const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
+      const kernel = yield* Kernel.start({ port: 0, settings: { stage: "seed" }, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
       yield* client.registerAgent({ id: "pager", webhookUrl: "http://127.0.0.1:9/none", secret })
       yield* client.registerAgent({ id: "bystander", webhookUrl: "http://127.0.0.1:9/none", secret })
@@ -220,7 +220,7 @@ describe("Client over real HTTP", () => {
 
   it.live("deltas: the SSE stream receives a delta posted to the stream route by the signed KernelClient", () =>
     Effect.gen(function*() {
-      const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
+      const kernel = yield* Kernel.start({ port: 0, settings: { stage: "seed" }, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
       const agentClient = yield* kernelClientFor(kernel.url)
       yield* client.registerAgent({ id: "streamer", webhookUrl: "http://127.0.0.1:9/none", secret })
@@ -246,7 +246,7 @@ describe("Client over real HTTP", () => {
 
   it.live("agents admin and policies: register, list, get, load, refuse, re-register drops the bundle, delete", () =>
     Effect.gen(function*() {
-      const kernel = yield* Kernel.start({ port: 0, dispatcher: { background: false } })
+      const kernel = yield* Kernel.start({ port: 0, settings: { stage: "seed" }, dispatcher: { background: false } })
       const client = yield* clientFor(kernel.url)
       const b = yield* client.registerAgent({ id: "beta", webhookUrl: "http://127.0.0.1:9/b", secret })
       expect(b).toMatchObject({ id: "beta", webhookUrl: "http://127.0.0.1:9/b", policyBundle: "" })

@@ -26,6 +26,7 @@ const decide = (agentId: string, calls: ReadonlyArray<ProbeCall>) =>
 
 const kit = (policy?: string) =>
   TestKernel.layer({
+    stage: "seed",
     agents: [probe, other],
     ...(policy === undefined ? {} : { policies: { probe: policy, other: policy } })
   })
@@ -262,6 +263,7 @@ describe("policy evaluation order and defaults", () => {
         target: "now"
       })
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [agent],
       policies: {
         locals: yaml(

@@ -71,7 +71,7 @@ describe("rate limits", () => {
       expect(run.steps.map((s) => s.args)).toEqual(expect.arrayContaining([{ i: 0 }, { i: 1 }, { i: 3 }]))
       expect(run.steps).toHaveLength(3)
       expect(run.events.filter((e) => e.type === "step.proposed")).toHaveLength(3)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { pinger: limited(undefined) } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [agent], policies: { pinger: limited(undefined) } })))
   })
 
   it.effect("TestClock.adjust between executions refills an agent-wide bucket at max_calls per window", () =>
@@ -83,7 +83,7 @@ describe("rate limits", () => {
       yield* TestClock.adjust(Duration.minutes(5))
       // capacity caps the refill
       expect(yield* outcomes("alpha", 3)).toEqual([ok, ok, limitedOut])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [alpha], policies: { alpha: limited("agent") } }))))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [alpha], policies: { alpha: limited("agent") } }))))
 
   it.effect("per_what: execution (default) gives every execution its own bucket", () =>
     Effect.gen(function*() {
@@ -91,6 +91,7 @@ describe("rate limits", () => {
       expect(yield* outcomes("alpha", 3)).toEqual([ok, ok, limitedOut])
       expect(yield* outcomes("beta", 2)).toEqual([ok, ok])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [alpha, beta],
       policies: { alpha: limited(undefined), beta: limited("execution") }
     }))))
@@ -101,6 +102,7 @@ describe("rate limits", () => {
       expect(yield* outcomes("alpha", 2)).toEqual([ok, limitedOut])
       expect(yield* outcomes("beta", 3)).toEqual([ok, ok, limitedOut])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [alpha, beta],
       policies: { alpha: limited("agent"), beta: limited("agent") }
     }))))
@@ -111,6 +113,7 @@ describe("rate limits", () => {
       expect(yield* outcomes("beta", 2)).toEqual([ok, limitedOut])
       expect(yield* outcomes("alpha", 1)).toEqual([limitedOut])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [alpha, beta],
       policies: { alpha: limited("global"), beta: limited("global") }
     }))))
@@ -136,7 +139,7 @@ describe("rate limits", () => {
         "step.succeeded",
         "execution.completed"
       ])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [alpha], policies: { alpha: limited(undefined) } }))))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [alpha], policies: { alpha: limited(undefined) } }))))
 
   it.effect("limits apply to deny rules too: after max_calls denials come rate_limited answers", () =>
     Effect.gen(function*() {
@@ -145,6 +148,7 @@ describe("rate limits", () => {
       expect(run.output).toEqual(["deny: never", "rate_limited: rate_limit_exceeded", "rate_limited: rate_limit_exceeded"])
       expect(run.steps.map((s) => s.status)).toEqual(["denied"])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [alpha],
       policies: {
         alpha: yaml(
@@ -161,6 +165,7 @@ describe("rate limits", () => {
       expect(yield* outcomes("alpha", 4)).toEqual([ok, ok, ok, ok])
       expect(yield* outcomes("beta", 4)).toEqual([ok, ok, ok, ok])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [alpha, beta],
       policies: {
         alpha: yaml("rules:", "  - { id: r, when: { target: ping }, then: { decision: allow, rate_limit: { max_calls: 1, window: 0s } } }"),
@@ -183,6 +188,7 @@ describe("rate limits", () => {
       expect(failed.steps).toHaveLength(0)
       expect(yield* outcomes("alpha", 3)).toEqual([ok, ok, ok])
     }).pipe(Effect.provide(TestKernel.layer({
+      stage: "seed",
       agents: [strict, alpha],
       policies: { strict: limited(undefined, ["on_limiter_error: deny"]), alpha: limited(undefined) }
     })))

@@ -84,8 +84,27 @@ describe("Config", () => {
         approvalTimeoutMs: 900_000,
         deadlineMs: undefined,
         deadlineCheckIntervalMs: 30_000,
-        apiToken: Option.none()
+        apiToken: Option.none(),
+        stage: "current",
+        judge: Option.none()
       })
+    }))
+
+  it.effect("REBUNO_STAGE selects the protocol stage; anything else is a clear config error", () =>
+    Effect.gen(function*() {
+      for (const stage of ["current", "seed", "v0.14.0"] as const) {
+        expect((yield* KernelConfig.kernelConfig.pipe(fromEnv({ REBUNO_STAGE: stage }))).stage).toBe(stage)
+      }
+      expect((yield* KernelConfig.kernelConfig.pipe(fromEnv({ REBUNO_STAGE: " seed\n" }))).stage).toBe("seed")
+      for (const bad of ["", "v0.14", "SEED", "target", "latest"]) {
+        const result = yield* Effect.result(KernelConfig.kernelConfig.pipe(fromEnv({ REBUNO_STAGE: bad })))
+        expect(result._tag).toBe("Failure")
+        if (result._tag === "Failure") {
+          expect(String(result.failure)).toContain(
+            `Invalid data at REBUNO_STAGE: invalid stage ${JSON.stringify(bad)} (expected one of: current, seed, v0.14.0)`
+          )
+        }
+      }
     }))
 
   it.effect("REBUNO_* variables with Go durations", () =>
@@ -196,6 +215,33 @@ describe("CLI", () => {
       const line = yield* Effect.promise(() => cli.waitFor(/listening on/))
       expect(line).toMatch(/listening on http:\/\/127\.0\.0\.1:\d+$/)
       yield* Effect.promise(() => cli.waitFor(/^no agents registered/))
+    }), 60_000)
+
+  it.live("--stage and REBUNO_STAGE choose the protocol stage the kernel speaks; the flag wins", () =>
+    Effect.gen(function*() {
+      const byFlag = yield* scopedCli(["dev", "--port", "0", "--stage", "v0.14.0"], { REBUNO_STAGE: "seed" })
+      yield* Effect.promise(() => byFlag.waitFor(/^protocol stage: v0\.14\.0$/))
+      const byEnv = yield* scopedCli(["dev", "--port", "0"], { REBUNO_STAGE: "seed" })
+      yield* Effect.promise(() => byEnv.waitFor(/^protocol stage: seed$/))
+      const byDefault = yield* scopedCli(["dev", "--port", "0"])
+      const line = yield* Effect.promise(() => byDefault.waitFor(/listening on/))
+      yield* Effect.promise(() => byDefault.waitFor(/^protocol stage: current$/))
+      // The current stage is really on: a create with a session is accepted (seed answers 400).
+      const url = /listening on (http:\/\/\S+)$/.exec(line)![1]!
+      yield* Effect.promise(() =>
+        fetch(url + "/v0/agents", {
+          method: "POST",
+          body: JSON.stringify({ id: "a", webhook_url: "http://127.0.0.1:9/webhook", secret: "s" })
+        })
+      )
+      const created = yield* Effect.promise(() =>
+        fetch(url + "/v0/executions", { method: "POST", body: "{\"agent_id\":\"a\",\"session\":\"s1\"}" })
+          .then((r) => r.status)
+      )
+      expect(created).toBe(201)
+      const bad = yield* scopedCli(["dev", "--port", "0", "--stage", "v2"])
+      expect(yield* Effect.promise(() => bad.exited)).not.toBe(0)
+      expect(bad.output().stderr).toContain("v2")
     }), 60_000)
 
   it.live("start-up errors exit non-zero with the message", () =>

@@ -131,7 +131,7 @@ describe("Core", () => {
 
     it.effect("a deadline is put in both creation events and cancels like a client cancel", () =>
       Effect.gen(function*() {
-        const core = yield* setup({ deadlineMs: 60_000 })
+        const core = yield* setup({ deadlineMs: 60_000, stage: "seed" })
         const { execution } = yield* start(core)
         expect(execution.deadlineAtMs).toBe(60_000)
         const events = yield* core.eventLog(execution.id)
@@ -187,7 +187,7 @@ describe("Core", () => {
 
     it.effect("cancel: cancelled, approvals expired, executing steps cancelled (11.4 order)", () =>
       Effect.gen(function*() {
-        const core = yield* setup({}, POLICY)
+        const core = yield* setup({ stage: "seed" }, POLICY)
         const { execution, lease } = yield* start(core)
         const first = yield* core.submitStep(execution.id, lease, tool("web"))
         const gated = yield* core.submitStep(execution.id, lease, tool("send_email"))
@@ -326,7 +326,7 @@ describe("Core", () => {
       fc.assert(
         fc.property(attempts, (runs) =>
           Effect.runSync(Effect.gen(function*() {
-            const core = yield* setup()
+            const core = yield* setup({ stage: "seed" })
             const { execution, lease: first } = yield* start(core)
             const recorded = new Set<string>()
             let lease = first
@@ -701,7 +701,7 @@ describe("Core", () => {
 
     it.effect("compat v0.14.0: no fencing, 400s for foreign dispatches, unfenced delivery outcome", () =>
       Effect.gen(function*() {
-        const core = yield* setup({ compat: "v0.14.0" })
+        const core = yield* setup({ stage: "v0.14.0" })
         const { execution, claim } = yield* start(core)
         const lease: Core.Lease = { dispatchId: claim.dispatchId, attempt: undefined }
         const step = yield* core.submitStep(execution.id, lease, tool("a"))
@@ -736,7 +736,7 @@ describe("Core", () => {
   describe("policy", () => {
     it.effect("denied reason quirk: fresh omits reason when the rule has none, replay says policy_denied", () =>
       Effect.gen(function*() {
-        const core = yield* setup({}, POLICY)
+        const core = yield* setup({ stage: "seed" }, POLICY)
         const { execution, lease } = yield* start(core)
         const seq = yield* lastSeq(core, execution.id)
         const denied = yield* core.submitStep(execution.id, lease, tool("rm"))
@@ -772,7 +772,7 @@ describe("Core", () => {
 
     it.effect("default deny: reason, and a denied step with empty target omits target", () =>
       Effect.gen(function*() {
-        const core = yield* setup({}, "default_action: deny\nrules: []\n")
+        const core = yield* setup({ stage: "seed" }, "default_action: deny\nrules: []\n")
         const { execution, lease } = yield* start(core)
         const d = yield* core.submitStep(execution.id, lease, tool(""))
         expect(d).toEqual({ decision: "denied", stepId: d.stepId, reason: "no explicit allow rule matched" })
@@ -785,7 +785,7 @@ describe("Core", () => {
 
     it.effect("rate limit refusal records nothing and does not advance the counter", () =>
       Effect.gen(function*() {
-        const core = yield* setup({}, POLICY)
+        const core = yield* setup({ stage: "seed" }, POLICY)
         const { execution, lease } = yield* start(core)
         const first = yield* core.submitStep(execution.id, lease, tool("limited"))
         expect(first.decision).toBe("proceed")
@@ -808,7 +808,7 @@ describe("Core", () => {
 
     it.effect("limiter errors: fail open by default, rate_limiter_unavailable with on_limiter_error deny", () =>
       Effect.gen(function*() {
-        const core = yield* setup({ limiterError: true }, POLICY)
+        const core = yield* setup({ limiterError: true, stage: "seed" }, POLICY)
         const { execution, lease } = yield* start(core)
         expect((yield* core.submitStep(execution.id, lease, tool("limited"))).decision).toBe("proceed")
         expect((yield* core.submitStep(execution.id, lease, tool("limited"))).decision).toBe("proceed")
@@ -863,7 +863,7 @@ describe("Core", () => {
   describe("approvals", () => {
     const blocked = (settings?: Partial<Core.Settings>) =>
       Effect.gen(function*() {
-        const core = yield* setup(settings, POLICY)
+        const core = yield* setup({ stage: "seed", ...settings }, POLICY)
         const { execution, lease } = yield* start(core)
         const earlier = yield* core.submitStep(execution.id, lease, tool("web"))
         const seq = yield* lastSeq(core, execution.id)
@@ -1018,7 +1018,7 @@ describe("Core", () => {
 
     it.effect("the kernel default timeout applies when the rule sets none; approvers null", () =>
       Effect.gen(function*() {
-        const core = yield* setup({ approvalTimeoutMs: 60_000 }, POLICY)
+        const core = yield* setup({ approvalTimeoutMs: 60_000, stage: "seed" }, POLICY)
         const { execution, lease } = yield* start(core)
         const d = yield* core.submitStep(execution.id, lease, tool("publish"))
         expect(yield* core.getApproval(d.approvalId!)).toMatchObject({ approvers: null, timeoutAtMs: 60_000, message: "" })
@@ -1058,7 +1058,7 @@ describe("Core", () => {
     it.effect("a resubmitted awaiting_approval step answers blocked with the approval id, no events", () =>
       Effect.gen(function*() {
         // Only reachable without fencing: v0.14.0 redelivers the released dispatch after a failed webhook.
-        const core = yield* setup({ compat: "v0.14.0", random: () => 0 }, POLICY)
+        const core = yield* setup({ stage: "v0.14.0", random: () => 0 }, POLICY)
         const { execution, claim } = yield* start(core)
         const d = yield* core.submitStep(execution.id, { dispatchId: claim.dispatchId, attempt: undefined }, tool("send_email"))
         yield* core.recordDelivery(claim, false)
@@ -1097,7 +1097,7 @@ describe("Core", () => {
     it.effect("every payload has sorted keys and is valid JSON", () =>
       Effect.gen(function*() {
         const { core, execution } = yield* Effect.gen(function*() {
-          const core = yield* setup({ deadlineMs: 1_000_000 }, POLICY)
+          const core = yield* setup({ deadlineMs: 1_000_000, stage: "seed" }, POLICY)
           const { execution, lease } = yield* start(core)
           yield* core.submitStep(execution.id, lease, tool("web"))
           yield* core.submitStep(execution.id, lease, tool("rm"))
@@ -1133,6 +1133,87 @@ describe("Core", () => {
         expect((yield* Queue.clear(other)).length).toBe(0)
         yield* core.publishDelta("e1", { stepId: "s", seq: 70, data: "x" })
         expect((yield* Queue.take(a)).seq).toBe(70)
+      }))
+  })
+
+  describe("current stage: sessions and subagents (PROTOCOL-CURRENT C.4, C.5)", () => {
+    const GATE = "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then: { decision: require_approval }\n"
+    const create = (core: Core.KernelCore, r: Partial<Parameters<Core.KernelCore["createExecution"]>[0]> = {}) =>
+      core.createExecution({ agentId: "hello", inputRaw: undefined, agentVersion: undefined, ...r })
+    const claimFor = (core: Core.KernelCore, id: string) =>
+      Effect.map(core.claimDue(100), (claims) => {
+        const claim = claims.find((c) => c.executionId === id)!
+        return { dispatchId: claim.dispatchId, attempt: claim.attempt } as Core.Lease
+      })
+
+    it.effect("a session runs one at a time; state is kept for previousState, the head is the parent", () =>
+      Effect.gen(function*() {
+        const core = yield* setup({ stage: "current" })
+        const first = yield* create(core, { session: "s", idempotencyKey: "k1" })
+        const second = yield* create(core, { session: "s" })
+        expect(first).toMatchObject({ status: "running", session: "s", idempotencyKey: "k1" })
+        expect(second).toMatchObject({ status: "pending", session: "s" })
+        expect(second.parentExecutionId).toBeUndefined()
+        expect(yield* create(core, { session: "s", idempotencyKey: "k1", inputRaw: "1" })).toEqual(first)
+        expect(yield* core.previousState(first.id)).toBe("null")
+        const lease = yield* claimFor(core, first.id)
+        yield* core.completeExecution(first.id, lease, "{\"out\":1}", "{ \"s\" : 1 }")
+        expect(yield* core.getExecution(second.id)).toMatchObject({ status: "running", parentExecutionId: first.id })
+        expect(yield* core.previousState(second.id)).toBe("{\"s\":1}")
+        expect(yield* failure(core.previousState("0192f1a0-0000-7000-8000-000000000000"))).toEqual(NOT_FOUND)
+        const page = yield* core.listExecutions({ agentId: "", status: "", cursor: undefined, limit: 0, session: "s" })
+        expect(page.executions.map((e) => e.id)).toEqual([second.id, first.id])
+        expect(yield* failure(create(core, { session: " " }))).toEqual({
+          status: 400,
+          code: "validation_error",
+          message: "validation error: session must be a nonblank UTF-8 string of at most 256 bytes without NUL"
+        })
+      }))
+
+    it.effect("suspendExecution blocks only while a child runs; the child's end settles the step and resumes", () =>
+      Effect.gen(function*() {
+        const core = yield* setup({ stage: "current" })
+        const parent = yield* create(core)
+        const lease = yield* claimFor(core, parent.id)
+        const step = yield* core.submitStep(parent.id, lease, tool("delegate"))
+        expect(yield* core.suspendExecution(parent.id, lease)).toBe(false)
+        const child = yield* create(core, { spawnedBy: { executionId: parent.id, stepId: step.stepId! } })
+        expect(child).toMatchObject({ status: "running", idempotencyKey: step.stepId })
+        expect(yield* core.suspendExecution(parent.id, lease)).toBe(true)
+        expect((yield* core.getExecution(parent.id)).status).toBe("blocked")
+        expect(yield* failure(core.suspendExecution(parent.id, lease))).toEqual(LEASE_SUPERSEDED)
+        const childLease = yield* claimFor(core, child.id)
+        yield* core.completeExecution(child.id, childLease, "[1,2]")
+        expect(yield* core.getStep(parent.id, step.stepId!)).toMatchObject({ status: "succeeded", resultRaw: "[1,2]" })
+        expect(types(yield* core.eventLog(parent.id)).slice(-4)).toEqual([
+          "execution.blocked",
+          "step.succeeded",
+          "execution.resumed",
+          "dispatch.queued"
+        ])
+      }))
+
+    it.effect("complete/fail of a step that is not executing is 409 conflict; the seed stage records it", () =>
+      Effect.gen(function*() {
+        for (const stage of ["current", "seed"] as const) {
+          const core = yield* setup({ stage }, GATE)
+          const { execution, lease } = yield* start(core)
+          const gated = yield* core.submitStep(execution.id, lease, tool("send_email"))
+          expect(gated.decision).toBe("blocked")
+          const outcome = yield* Effect.result(core.completeStep(execution.id, gated.stepId!, lease, "1"))
+          if (stage === "current") {
+            expect(yield* failure(core.failStep(execution.id, gated.stepId!, lease, "{}"))).toEqual({
+              status: 409,
+              code: "conflict",
+              message: "conflict: cannot record outcome for step in status awaiting_approval"
+            })
+            expect(outcome._tag).toBe("Failure")
+            expect((yield* core.getStep(execution.id, gated.stepId!)).status).toBe("awaiting_approval")
+          } else {
+            expect(outcome._tag).toBe("Success")
+            expect((yield* core.getStep(execution.id, gated.stepId!)).status).toBe("succeeded")
+          }
+        }
       }))
   })
 })

@@ -98,9 +98,27 @@ describe("Dispatcher", () => {
       expect(dispatch).toMatchObject({ status: "in_flight", attempt: 1 })
     }))
 
+  it.effect("the current and seed stages always send dispatch_attempt and lease_timeout_seconds (C.2.2)", () =>
+    Effect.gen(function*() {
+      for (const stage of ["current", "seed"] as const) {
+        const { core, create } = yield* setup({ stage, leaseTimeoutMs: 60_000 })
+        const { deliver, log } = yield* recorder()
+        const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+        const id = yield* create
+        yield* dispatcher.tick
+        const sent = yield* Queue.take(log)
+        expect(JSON.parse(sent.body)).toEqual({
+          execution_id: id,
+          dispatch_id: sent.claim.dispatchId,
+          dispatch_attempt: 1,
+          lease_timeout_seconds: 60
+        })
+      }
+    }))
+
   it.effect("compat v0.14.0 webhooks carry only the two ids", () =>
     Effect.gen(function*() {
-      const { core, create } = yield* setup({ compat: "v0.14.0" })
+      const { core, create } = yield* setup({ stage: "v0.14.0" })
       const { deliver, log } = yield* recorder()
       const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
       const id = yield* create
@@ -141,7 +159,7 @@ describe("Dispatcher", () => {
 
   it.effect("failed deliveries back off and exhaust after max attempts", () =>
     Effect.gen(function*() {
-      const { core, create } = yield* setup({ maxAttempts: 5 })
+      const { core, create } = yield* setup({ maxAttempts: 5, stage: "seed" })
       const { deliver, log } = yield* recorder(() => false)
       yield* Dispatcher.make(core, { deliver })
       yield* settle
@@ -203,7 +221,7 @@ describe("Dispatcher", () => {
 
   it.effect("delivers at most `concurrency` webhooks at once and tick awaits them", () =>
     Effect.gen(function*() {
-      const { core, create } = yield* setup()
+      const { core, create } = yield* setup({ stage: "seed" })
       const active = yield* Ref.make(0)
       const peak = yield* Ref.make(0)
       const release = yield* Deferred.make<void>()
@@ -262,7 +280,7 @@ describe("Dispatcher", () => {
 
   it.effect("deadline sweep runs every 30 s when deadlines are on", () =>
     Effect.gen(function*() {
-      const { core, create } = yield* setup({ deadlineMs: 5_000 })
+      const { core, create } = yield* setup({ deadlineMs: 5_000, stage: "seed" })
       const { deliver } = yield* recorder()
       const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
       yield* dispatcher.tick // sweeps at t=0
@@ -276,6 +294,107 @@ describe("Dispatcher", () => {
       expect(execution.status).toBe("cancelled")
       expect(execution.failureReason).toBe("client_cancelled")
     }))
+
+  it.effect("current stage: a deadline cancels with deadline_exceeded", () =>
+    Effect.gen(function*() {
+      const { core, create } = yield* setup({ deadlineMs: 5_000 })
+      const { deliver } = yield* recorder()
+      const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+      const id = yield* create
+      yield* TestClock.adjust("30 seconds")
+      yield* dispatcher.tick
+      const execution = yield* core.getExecution(id)
+      expect(execution.status).toBe("cancelled")
+      expect(execution.failureReason).toBe("deadline_exceeded")
+      const events = yield* core.eventLog(id)
+      const cancelled = events.filter((e) => e.type === "execution.cancelled")
+      expect(cancelled).toHaveLength(1)
+      expect(JSON.parse(cancelled[0]!.payload)).toMatchObject({
+        execution_id: id,
+        status: "cancelled",
+        reason: "deadline_exceeded"
+      })
+    }))
+
+  describe("current stage (PROTOCOL-CURRENT C.10)", () => {
+    it.effect("polls about every 250 ms: a retry goes out when its backoff ends", () =>
+      Effect.gen(function*() {
+        const { core, create } = yield* setup({ maxAttempts: 5, stage: "current" })
+        const { deliver, log } = yield* recorder(() => false)
+        yield* Dispatcher.make(core, { deliver })
+        yield* settle
+        yield* create
+        for (let i = 0; i < 64; i++) {
+          yield* deliveredAll(core, log)
+          yield* TestClock.adjust("250 millis")
+        }
+        const sent = yield* Queue.clear(log)
+        expect([...sent].map((d) => [d.claim.attempt, d.at])).toEqual([
+          [1, 0],
+          [2, 1_000],
+          [3, 3_000],
+          [4, 7_000],
+          [5, 15_000]
+        ])
+      }))
+
+    it.effect("a lapsed lease is redelivered on the first poll after it lapsed", () =>
+      Effect.gen(function*() {
+        const { core, create } = yield* setup({ leaseTimeoutMs: 10_000, stage: "current" })
+        const { deliver, log } = yield* recorder()
+        yield* Dispatcher.make(core, { deliver })
+        yield* settle
+        yield* create
+        for (let i = 0; i < 44; i++) {
+          yield* deliveredAll(core, log)
+          yield* TestClock.adjust("250 millis")
+        }
+        const sent = [...(yield* Queue.clear(log))]
+        expect(sent.map((d) => [d.claim.attempt, d.at])).toEqual([[1, 0], [2, 10_250]])
+        expect(sent[1]!.claim.dispatchId).toBe(sent[0]!.claim.dispatchId)
+      }))
+
+    it.effect("claims only as many as idle workers: a tick claims no more than `concurrency`", () =>
+      Effect.gen(function*() {
+        const { core, create } = yield* setup({ stage: "current" })
+        const { deliver } = yield* recorder()
+        const dispatcher = yield* Dispatcher.make(core, { deliver, concurrency: 3, background: false })
+        for (let i = 0; i < 12; i++) yield* create
+        yield* dispatcher.tick
+        const dispatches = yield* core.dispatches()
+        expect(dispatches.filter((d) => d.attempt === 1)).toHaveLength(3)
+        expect(dispatches.filter((d) => d.attempt === 0)).toHaveLength(9)
+      }))
+
+    it.effect("after a full claim the loop polls again at once", () =>
+      Effect.gen(function*() {
+        const { core, create } = yield* setup({ stage: "current" })
+        const { deliver, log } = yield* recorder()
+        for (let i = 0; i < 12; i++) yield* create
+        yield* Dispatcher.make(core, { deliver, concurrency: 3 })
+        yield* deliveredAll(core, log)
+        const sent = [...(yield* Queue.clear(log))]
+        expect(sent).toHaveLength(12)
+        expect(sent.every((d) => d.at === 0)).toBe(true)
+      }))
+
+    it.effect("each tick admits waiting session executions (the C.4.4 sweep)", () =>
+      Effect.gen(function*() {
+        const { core } = yield* setup({ stage: "current" })
+        const { deliver } = yield* recorder()
+        const dispatcher = yield* Dispatcher.make(core, { deliver, background: false })
+        const first = yield* core.createExecution({ agentId: "hello", inputRaw: undefined, agentVersion: undefined, session: "s" })
+        const second = yield* core.createExecution({ agentId: "hello", inputRaw: undefined, agentVersion: undefined, session: "s" })
+        // the seed stage admits nothing when the first one ends
+        yield* core.updateSettings({ stage: "seed" })
+        yield* core.cancelExecution(first.id)
+        yield* core.updateSettings({ stage: "current" })
+        expect((yield* core.getExecution(second.id)).status).toBe("pending")
+        yield* dispatcher.tick
+        expect((yield* core.getExecution(second.id)).status).toBe("running")
+        expect((yield* core.dispatches(second.id)).map((d) => d.attempt)).toEqual([1])
+      }))
+  })
 
   describe("HTTP deliverer", () => {
     const serve = (handler: Http.RequestListener) =>

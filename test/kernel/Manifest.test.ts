@@ -25,11 +25,12 @@ const write = (dir: string, name: string, text: string): string => {
 const withEnv = (env: Record<string, string>) =>
   Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromUnknown(env, { preserveEmptyStrings: true }))
 
+/** These tests pin the seed stage's bundle language (priorities); the current one is Policy's. */
 const loadText = (text: string, env: Record<string, string> = {}) =>
   Effect.gen(function*() {
     const dir = yield* tempDir
     const file = write(dir, "manifest.yaml", text)
-    return yield* Manifest.load(file).pipe(withEnv(env))
+    return yield* Manifest.load(file, { stage: "seed" }).pipe(withEnv(env))
   }).pipe(Effect.provide(platform))
 
 const errorOf = (text: string, env: Record<string, string> = {}) =>
@@ -126,7 +127,10 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
           "conf/../manifest.yaml",
           `agents:\n  - id: shell\n    policy_file: policies/shell.yaml\n  - id: abs\n    policy_file: ${absolute}\n`
         )
-        const agents = yield* Manifest.load(file).pipe(withEnv({ NOT_EXPANDED: "boom" }), Effect.provide(platform))
+        const agents = yield* Manifest.load(file, { stage: "seed" }).pipe(
+          withEnv({ NOT_EXPANDED: "boom" }),
+          Effect.provide(platform)
+        )
         expect(agents.map((a) => [a.id, a.policyBundle])).toEqual([["shell", policy], ["abs", POLICY]])
       }))
 
@@ -159,7 +163,7 @@ ${POLICY.split("\n").map((l) => "      " + l).join("\n")}
   describe("register", () => {
     it.effect("upserts agents with their policies and leaves others alone", () =>
       Effect.gen(function*() {
-        const core = yield* Core.make()
+        const core = yield* Core.make({ stage: "seed" })
         yield* core.registerAgent({ id: "other", webhookUrl: "http://o", secret: "o" })
         yield* core.registerAgent({ id: "hello", webhookUrl: "http://old", secret: "old" })
         const dir = yield* tempDir

@@ -1,18 +1,22 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Result } from "effect"
+import { createHash } from "node:crypto"
 import * as Policy from "../../src/kernel/Policy.js"
 import * as Duration from "../../src/kernel/internal/duration.js"
 import * as Glob from "../../src/kernel/internal/glob.js"
 import * as GoFormat from "../../src/kernel/internal/goFormat.js"
 
+/** The seed stage's bundle language (PROTOCOL 10.2) unless a test says `current` (C.8.6, at the end). */
+const SEED = { stage: "seed" } as const
+
 const load = (yaml: string): Policy.Bundle => {
-  const result = Policy.parseBundle(yaml)
+  const result = Policy.parseBundle(yaml, SEED)
   if (Result.isFailure(result)) throw new Error(`bundle rejected: ${result.failure}`)
   return result.success
 }
 
 const rejection = (yaml: string): string => {
-  const result = Policy.parseBundle(yaml)
+  const result = Policy.parseBundle(yaml, SEED)
   if (Result.isSuccess(result)) throw new Error("bundle unexpectedly loaded")
   return result.failure
 }
@@ -182,7 +186,7 @@ rules:
 
   it("compiles regexes with RE2 and rejects what RE2 rejects", () => {
     for (const pattern of ["(?i)^ls", "a\\z", "(?P<name>x)", "\\pL+", "[[:alpha:]]"]) {
-      expect(Result.isSuccess(Policy.parseBundle(argumentYaml(pattern)))).toBe(true)
+      expect(Result.isSuccess(Policy.parseBundle(argumentYaml(pattern), SEED))).toBe(true)
     }
     expect(rejection(argumentYaml("^(?=ls)"))).toBe(
       "rule \"r\" argument \"v\" invalid regex: error parsing regexp: invalid or unsupported Perl syntax: `(?=`"
@@ -264,7 +268,7 @@ rules:
 
   it("accepts only Go duration strings for durations (quirk)", () => {
     const timeout = (value: string) =>
-      Policy.parseBundle(`rules:\n  - id: r\n    then: { decision: require_approval, approval_config: { timeout: ${value} } }\n`)
+      Policy.parseBundle(`rules:\n  - id: r\n    then: { decision: require_approval, approval_config: { timeout: ${value} } }\n`, SEED)
     const ms = (value: string) => {
       const result = timeout(value)
       return Result.isSuccess(result) ? result.success.rules[0]!.then.approval.timeoutMs : result.failure
@@ -771,5 +775,316 @@ describe("Go duration parsing", () => {
     for (const text of ["", "300", "1", "s", ".s", "-", "1x", "1S", "1 s", " 1s", "1s ", "1hm", "1.5", "+", "1e3s", "1_0s", "2562047h47m16.854775808s", "9223372036854775808ns"]) {
       expect(Duration.parseMillis(text), text).toBeUndefined()
     }
+  })
+})
+
+// ---------------------------------------------------------------------------
+// The current stage's bundle language (PROTOCOL-CURRENT C.8.6)
+// ---------------------------------------------------------------------------
+
+const loadCurrent = (yaml: string): Policy.Bundle => {
+  const result = Policy.parseBundle(yaml)
+  if (Result.isFailure(result)) throw new Error(`bundle rejected: ${result.failure}`)
+  return result.success
+}
+
+const rejectionCurrent = (yaml: string): string => {
+  const result = Policy.parseBundle(yaml, { stage: "current" })
+  if (Result.isSuccess(result)) throw new Error("bundle unexpectedly loaded")
+  return result.failure
+}
+
+const sha256 = (text: string): string => createHash("sha256").update(text, "utf8").digest("hex")
+
+/** A deny-by-default current bundle with one `allow` rule whose `when` is the given flow map. */
+const allowWhenCurrent = (when: string): Policy.Bundle =>
+  loadCurrent(`default_action: deny\nrules:\n  - id: r\n    when: ${when}\n    then: { decision: allow }\n`)
+
+describe("the current stage's bundle language (C.8.6)", () => {
+  it("is the default language and parses every member; the hash is the text's SHA-256", () => {
+    const text = `
+default_action: deny
+rules:
+  - id: gate
+    when:
+      target: "deploy/*"
+      targets: ["deploy/prod*", "deploy/stage?"]
+      agent_id: hello
+      agent_ids: [hello, x]
+      step_kind: tool_call
+      arguments:
+        env: { equals: prod, contains: ro, one_of: [prod, staging], regex: '^p' }
+    then:
+      decision: judge
+      reason: "ask the judge"
+      approval_config: { approvers: [alice], timeout: 5m, message: check }
+      rate_limit: { max_calls: 5, window: 1m, per_what: session, max_wait: 30s, on_limiter_error: deny }
+      budget: { max_tokens: 1000, scope: session, on_exceed: require_approval }
+      judge: { instructions: "Production deploys need a reason.", threshold: 0.8, fallback: deny }
+  - id: second
+    then: { decision: allow }
+`
+    const bundle = loadCurrent(text)
+    expect(bundle.policyHash).toBe(sha256(text))
+    expect(bundle.rules.map((r) => [r.id, r.priority])).toEqual([["gate", 0], ["second", 1]])
+    const rule = bundle.rules[0]!
+    expect([rule.when.target, rule.when.targets, rule.when.agentId, rule.when.agentIds, rule.when.stepKind]).toEqual([
+      "deploy/*",
+      ["deploy/prod*", "deploy/stage?"],
+      "hello",
+      ["hello", "x"],
+      "tool_call"
+    ])
+    expect(rule.then).toMatchObject({
+      decision: "judge",
+      reason: "ask the judge",
+      approval: { approvers: ["alice"], timeoutMs: 300_000, message: "check" },
+      rateLimit: { maxCalls: 5, windowMs: 60_000, perWhat: "session", maxWaitMs: 30_000, onLimiterError: "deny" },
+      budget: { maxTokens: 1000, scope: "session", onExceed: "require_approval" },
+      judge: { instructions: "Production deploys need a reason.", threshold: 0.8, fallback: "deny" }
+    })
+    // and the same text is refused by the seed language, which knows no judge
+    expect(Result.isFailure(Policy.parseBundle(text, SEED))).toBe(true)
+  })
+
+  it("evaluates rules in file order: the first match wins", () => {
+    const bundle = loadCurrent(`default_action: allow
+rules:
+  - { id: exact, when: { target: web_search }, then: { decision: deny, reason: exact } }
+  - { id: broad, when: { target: "web_*" }, then: { decision: require_approval } }
+  - { id: broader, when: { target: "*" }, then: { decision: deny } }
+`)
+    expect(decide(bundle, { target: "web_search" })).toEqual(["deny", "exact", "exact"])
+    expect(decide(bundle, { target: "web_fetch" })).toEqual(["require_approval", "broad", ""])
+    expect(decide(bundle, { target: "shell" })).toEqual(["deny", "broader", ""])
+    const reversed = loadCurrent(`rules:
+  - { id: broad, when: { target: "web_*" }, then: { decision: require_approval } }
+  - { id: exact, when: { target: web_search }, then: { decision: deny } }
+`)
+    expect(decide(reversed, { target: "web_search" })[1]).toBe("broad")
+  })
+
+  it("results carry the policy hash and the rule's budget and judge; fixed results too", () => {
+    const text = `default_action: allow
+rules:
+  - id: b
+    when: { step_kind: llm_call }
+    then: { decision: allow, budget: { max_tokens: 10 } }
+`
+    const bundle = loadCurrent(text)
+    const hash = sha256(text)
+    expect(Policy.evaluate(bundle, input({ kind: "llm_call" }))).toEqual({
+      decision: "allow",
+      ruleId: "b",
+      reason: "",
+      approval: { approvers: null, timeoutMs: 0, message: "" },
+      rateLimit: undefined,
+      policyHash: hash,
+      budget: { maxTokens: 10, scope: "execution", onExceed: "deny" },
+      judge: undefined
+    })
+    expect(Policy.evaluate(bundle, input())).toEqual({ ...Policy.defaultAllow, policyHash: hash })
+    expect(Policy.evaluate(bundle, input({ kind: "local", target: "x" }))).toMatchObject({ ruleId: "local", policyHash: hash })
+    const denying = loadCurrent("default_action: deny\n")
+    expect(Policy.evaluate(denying, input({ kind: "local" }))).toEqual({
+      ...Policy.localStep,
+      policyHash: sha256("default_action: deny\n")
+    })
+    expect(decide(denying)).toEqual(["deny", "default", "no explicit allow rule matched"])
+    expect(Policy.evaluate(undefined, input())).toEqual(Policy.permissive)
+  })
+
+  it("rejects unknown keys anywhere, saying where; priority gets a hint", () => {
+    expect(rejectionCurrent("version: 3\ndefault_action: allow\n")).toBe("bundle: unknown key \"version\"")
+    expect(rejectionCurrent("rules:\n  - { id: a, priority: 1, then: { decision: allow } }\n")).toBe(
+      "rule \"a\": unknown key \"priority\" (rules are evaluated in file order; remove priority and order the rules instead)"
+    )
+    const cases: ReadonlyArray<readonly [string, string]> = [
+      ["{ id: a, colour: blue, then: { decision: allow } }", "rule \"a\": unknown key \"colour\""],
+      ["{ id: a, when: { flavour: x }, then: { decision: allow } }", "rule \"a\": when: unknown key \"flavour\""],
+      [
+        "{ id: a, when: { arguments: { v: { equals: x, fuzzy: true } } }, then: { decision: allow } }",
+        "rule \"a\": when.arguments.v: unknown key \"fuzzy\""
+      ],
+      ["{ id: a, then: { decision: allow, rule_id: b } }", "rule \"a\": then: unknown key \"rule_id\""],
+      [
+        "{ id: a, then: { decision: require_approval, approval_config: { approver: x } } }",
+        "rule \"a\": then.approval_config: unknown key \"approver\""
+      ],
+      [
+        "{ id: a, then: { decision: allow, rate_limit: { max_calls: 1, window: 1s, burst: 9 } } }",
+        "rule \"a\": then.rate_limit: unknown key \"burst\""
+      ],
+      [
+        "{ id: a, then: { decision: allow, budget: { max_tokens: 5, tokens: 1 } } }",
+        "rule \"a\": then.budget: unknown key \"tokens\""
+      ],
+      [
+        "{ id: a, then: { decision: judge, judge: { instructions: x, model: gpt } } }",
+        "rule \"a\": then.judge: unknown key \"model\""
+      ]
+    ]
+    for (const [rule, message] of cases) expect(rejectionCurrent(`rules:\n  - ${rule}\n`), rule).toBe(message)
+  })
+
+  it("requires unique rule ids", () => {
+    expect(rejectionCurrent("rules:\n  - { id: a, then: { decision: allow } }\n  - { then: { decision: deny } }\n")).toBe(
+      "rules[1]: rule missing id"
+    )
+    expect(
+      rejectionCurrent("rules:\n  - { id: a, then: { decision: allow } }\n  - { id: a, then: { decision: deny } }\n")
+    ).toBe("duplicate rule id \"a\" (rule ids must be unique)")
+    // without priorities, rules may follow each other freely
+    expect(loadCurrent("rules:\n  - { id: a, then: { decision: allow } }\n  - { id: b, then: { decision: deny } }\n").rules)
+      .toHaveLength(2)
+  })
+
+  it("checks decisions, rate limits, budgets and judge options", () => {
+    const rule = (then: string) => rejectionCurrent(`rules:\n  - { id: a, then: ${then} }\n`)
+    expect(rule("{ reason: x }")).toBe(
+      "rule \"a\": then.decision is required (allow, deny, require_approval or judge)"
+    )
+    expect(rule("{ decision: maybe }")).toBe(
+      "rule \"a\": unknown policy decision \"maybe\" (want allow, deny, require_approval or judge)"
+    )
+    expect(rule("{ decision: allow, rate_limit: { max_calls: 1, window: 1s, per_what: user } }")).toBe(
+      "rule \"a\": then.rate_limit.per_what must be execution, session, agent or global, got \"user\""
+    )
+    expect(rule("{ decision: allow, rate_limit: { max_calls: 1, window: 1s, on_limiter_error: retry } }")).toBe(
+      "rule \"a\": then.rate_limit.on_limiter_error must be allow or deny, got \"retry\""
+    )
+    expect(rule("{ decision: allow, rate_limit: { max_calls: 1, window: 1s, max_wait: -1s } }")).toBe(
+      "rule \"a\": then.rate_limit.max_wait must not be negative"
+    )
+    expect(rule("{ decision: allow, rate_limit: { max_calls: 1, window: 1s, max_wait: 30 } }")).toBe(
+      "rule \"a\": then.rate_limit.max_wait: invalid duration 30 (a bare number; write a duration string with a unit, e.g. \"30s\")"
+    )
+    expect(rule("{ decision: allow, budget: { max_tokens: 0 } }")).toBe("rule \"a\": then.budget.max_tokens must be positive")
+    expect(rule("{ decision: allow, budget: { max_tokens: 5, scope: agent } }")).toBe(
+      "rule \"a\": then.budget.scope must be execution or session, got \"agent\""
+    )
+    expect(rule("{ decision: allow, budget: { max_tokens: 5, on_exceed: allow } }")).toBe(
+      "rule \"a\": then.budget.on_exceed must be deny or require_approval, got \"allow\""
+    )
+    expect(rule("{ decision: judge }")).toBe("rule \"a\": then.judge.instructions is required")
+    expect(rule("{ decision: judge, judge: { instructions: x, threshold: 1.5 } }")).toBe(
+      "rule \"a\": then.judge.threshold must be between 0 and 1"
+    )
+    expect(rule("{ decision: judge, judge: { instructions: x, threshold: high } }")).toBe(
+      "rule \"a\": then.judge.threshold: expected a number, got \"high\""
+    )
+    expect(rule("{ decision: judge, judge: { instructions: x, fallback: judge } }")).toBe(
+      "rule \"a\": then.judge.fallback must be allow, deny or require_approval, got \"judge\""
+    )
+    expect(rule("{ decision: allow, judge: { instructions: x } }")).toBe(
+      "rule \"a\": then.judge is only valid with decision judge"
+    )
+    const judged = loadCurrent("rules:\n  - { id: a, then: { decision: judge, judge: { instructions: be careful } } }\n")
+    expect(judged.rules[0]!.then.judge).toEqual({ instructions: "be careful", threshold: 0.6, fallback: "require_approval" })
+    const whole = loadCurrent("rules:\n  - { id: a, then: { decision: judge, judge: { instructions: x, threshold: 1 } } }\n")
+    expect(whole.rules[0]!.then.judge!.threshold).toBe(1)
+  })
+
+  it("targets: '*' and '?' also match '/', classes and escapes work, the exact value always matches", () => {
+    const bundle = allowWhenCurrent(`{ targets: ["fs/*", "db_?", "[a-c]x", "[^a-c]y", "lit\\\\*"] }`)
+    const allowed = (target: string) => decide(bundle, { target })[0] === "allow"
+    expect(allowed("fs/a/b/c")).toBe(true)
+    expect(allowed("fs/")).toBe(true)
+    expect(allowed("db_/")).toBe(true)
+    expect(allowed("db_12")).toBe(false)
+    expect(allowed("bx")).toBe(true)
+    expect(allowed("dx")).toBe(false)
+    expect(allowed("dy")).toBe(true)
+    expect(allowed("ay")).toBe(false)
+    expect(allowed("lit*")).toBe(true)
+    expect(allowed("litx")).toBe(false)
+    const star = allowWhenCurrent(`{ target: "*" }`)
+    expect(decide(star, { target: "a/b" })[0]).toBe("allow")
+    expect(decide(star, { target: "" })[0]).toBe("allow")
+    const middle = allowWhenCurrent(`{ target: "mcp_*_write" }`)
+    expect(decide(middle, { target: "mcp_fs/x_write" })[0]).toBe("allow")
+    expect(decide(middle, { target: "mcp_fs_write_log" })[0]).toBe("deny")
+    // target and targets must both hold
+    const both = allowWhenCurrent(`{ target: "web_*", targets: ["*_search"] }`)
+    expect(decide(both, { target: "web_search" })[0]).toBe("allow")
+    expect(decide(both, { target: "web_fetch" })[0]).toBe("deny")
+  })
+
+  it("rejects malformed globs at load", () => {
+    const cases: ReadonlyArray<readonly [string, string]> = [
+      ["[a", "unclosed character class"],
+      ["[]a]", "empty character class"],
+      ["[^]", "empty character class"],
+      ["[a-]", "malformed character range"],
+      ["x\\\\", "trailing backslash"]
+    ]
+    for (const [pattern, problem] of cases) {
+      expect(rejectionCurrent(`rules:\n  - { id: g, when: { target: "${pattern}" }, then: { decision: allow } }\n`))
+        .toBe(`rule "g": when.target: malformed glob ${JSON.stringify(pattern.replaceAll("\\\\", "\\"))}: ${problem}`)
+    }
+    expect(rejectionCurrent(`rules:\n  - { id: g, when: { targets: [ok, "b["] }, then: { decision: allow } }\n`)).toBe(
+      "rule \"g\": when.targets[1]: malformed glob \"b[\": unclosed character class"
+    )
+  })
+
+  it("arguments: equals, contains, one_of and RE2 regexes on Go %v strings; empty predicates and bad regexes are refused", () => {
+    const bundle = loadCurrent(`default_action: deny
+rules:
+  - id: cmd
+    when:
+      arguments:
+        cmd: { regex: '(?i)^\\s*ls\\b' }
+        n: { one_of: ["1", "2"] }
+        path: { contains: "/tmp/" }
+        mode: { equals: "true" }
+    then: { decision: allow }
+`)
+    const args = (cmd: string, n: number, path: string, mode: boolean) =>
+      Policy.evaluate(bundle, input({ argsRaw: JSON.stringify({ cmd, n, path, mode }) })).ruleId
+    expect(args("  LS -la", 1, "/tmp/x", true)).toBe("cmd")
+    expect(args("lsof", 1, "/tmp/x", true)).toBe("default")
+    expect(args("ls", 3, "/tmp/x", true)).toBe("default")
+    expect(args("ls", 2, "/var/x", true)).toBe("default")
+    expect(args("ls", 2, "/tmp/x", false)).toBe("default")
+    expect(Policy.evaluate(bundle, input({ argsRaw: "{\"cmd\":\"ls\"}" })).ruleId).toBe("default")
+    expect(rejectionCurrent("rules:\n  - { id: a, when: { arguments: { v: {} } }, then: { decision: allow } }\n")).toBe(
+      "rule \"a\" argument \"v\" has no constraint (equals/contains/one_of/regex); an empty predicate matches any value"
+    )
+    expect(rejectionCurrent("rules:\n  - { id: a, when: { arguments: { v: { regex: '(?=x)' } } }, then: { decision: allow } }\n"))
+      .toMatch(/^rule "a" argument "v" invalid regex: /)
+  })
+})
+
+describe("judge outcomes (C.8.6)", () => {
+  const options = { instructions: "x", threshold: 0.6, fallback: "require_approval" } as const
+
+  it("the top decision stands at or above the threshold, with two decimals", () => {
+    expect(Policy.judgeDecide(options, { allow: 0.912, deny: 0.05, requireApproval: 0.038 })).toEqual({
+      decision: "allow",
+      reason: "judge: allow 0.91"
+    })
+    expect(Policy.judgeDecide(options, { allow: 0.1, deny: 0.6, requireApproval: 0.3 })).toEqual({
+      decision: "deny",
+      reason: "judge: deny 0.60"
+    })
+    expect(Policy.judgeDecide(options, { allow: 0, deny: 0, requireApproval: 1 })).toEqual({
+      decision: "require_approval",
+      reason: "judge: require_approval 1.00"
+    })
+  })
+
+  it("below the threshold the fallback applies; ties go to the stricter decision", () => {
+    expect(Policy.judgeDecide({ ...options, fallback: "deny" }, { allow: 0.55, deny: 0.25, requireApproval: 0.2 }))
+      .toEqual({ decision: "deny", reason: "judge: allow 0.55 below threshold 0.60" })
+    expect(Policy.judgeDecide({ ...options, threshold: 0.4 }, { allow: 0.4, deny: 0.4, requireApproval: 0.2 }))
+      .toEqual({ decision: "deny", reason: "judge: deny 0.40" })
+    expect(Policy.judgeDecide(options, { allow: 0.3, deny: 0.3, requireApproval: 0.3 })).toEqual({
+      decision: "require_approval",
+      reason: "judge: deny 0.30 below threshold 0.60"
+    })
+  })
+
+  it("without a judge a judge rule denies: judge not configured", () => {
+    expect(Policy.judgeNotConfigured).toEqual({ decision: "deny", reason: "judge not configured" })
   })
 })

@@ -3,6 +3,9 @@ import { Result } from "effect"
 import * as Policy from "../../src/kernel/Policy.js"
 import * as RateLimiter from "../../src/kernel/RateLimiter.js"
 
+/** Bundles here are in the seed stage's language (PROTOCOL 10.2); the current one is tested in Policy and Decisions. */
+const SEED = { stage: "seed" } as const
+
 const limit = (maxCalls: number, windowMs: number, perWhat = ""): Policy.RateLimit => ({
   maxCalls,
   windowMs,
@@ -25,6 +28,56 @@ describe("RateLimiter.bucketKey (10.5)", () => {
     expect(RateLimiter.bucketKey("r", "", "ag", "ex")).toBe("r:exec:ex")
     expect(RateLimiter.bucketKey("r", "tenant", "ag", "ex")).toBe("r:exec:ex")
     expect(RateLimiter.bucketKey("r", "Agent", "ag", "ex")).toBe("r:exec:ex")
+  })
+})
+
+describe("the current stage's scopes and estimates (C.8.3)", () => {
+  it("per_what session keys by the session; an execution outside a session is its own scope", () => {
+    expect(RateLimiter.bucketKey("r", "session", "ag", "ex", "chat:1")).toBe("r:session:chat:1")
+    expect(RateLimiter.bucketKey("r", "session", "ag", "ex", "")).toBe("r:exec:ex")
+    expect(RateLimiter.bucketKey("r", "session", "ag", "ex")).toBe("r:exec:ex")
+    // the seed stage passes no session: unchanged keys
+    expect(RateLimiter.bucketKey("r", "agent", "ag", "ex", "chat:1")).toBe("r:agent:ag")
+  })
+
+  it("tryTake answers 0 for a token, else the wait until the bucket holds one (nothing consumed)", () => {
+    const limiter = RateLimiter.make()
+    const perMinute = limit(2, 60_000)
+    expect(limiter.tryTake("k", perMinute, 0)).toBe(0)
+    expect(limiter.tryTake("k", perMinute, 0)).toBe(0)
+    // empty: one token refills in window / max_calls
+    expect(limiter.tryTake("k", perMinute, 0)).toBe(30_000)
+    expect(limiter.tryTake("k", perMinute, 10_000)).toBe(20_000)
+    // the estimate is exact: at that time a token is there
+    expect(limiter.tryTake("k", perMinute, 29_999)).toBe(1)
+    expect(limiter.tryTake("k", perMinute, 30_000)).toBe(0)
+    expect(limiter.take("k", perMinute, 30_000)).toBe(false)
+    // an inactive limit always grants and keeps no state
+    expect(limiter.tryTake("k", limit(0, 60_000), 30_000)).toBe(0)
+  })
+
+  it("estimates survive awkward windows (the refill arithmetic itself is checked)", () => {
+    const limiter = RateLimiter.make()
+    const odd = limit(3, 1_000)
+    let at = 0
+    let refused = 0
+    while (at < 5_000) {
+      const wait = limiter.tryTake("odd", odd, at)
+      if (wait > 0) {
+        refused++
+        if (wait > 1) expect(limiter.tryTake("odd", odd, at + wait - 1)).toBeGreaterThan(0)
+        expect(limiter.tryTake("odd", odd, at + wait)).toBe(0)
+        at += wait
+      }
+      at += 7
+    }
+    expect(refused).toBeGreaterThan(10)
+    // a clock that went backwards: the wait runs from the refill point
+    const back = RateLimiter.make()
+    const once = limit(1, 1_000)
+    expect(back.tryTake("b", once, 5_000)).toBe(0)
+    expect(back.tryTake("b", once, 4_000)).toBe(2_000)
+    expect(back.tryTake("b", once, 6_000)).toBe(0)
   })
 })
 
@@ -121,7 +174,7 @@ rules:
     priority: 4
     when: { target: pay }
     then: { decision: allow, rate_limit: { max_calls: 1, window: 1h, per_what: global } }
-`)
+`, SEED)
     if (Result.isFailure(result)) throw new Error(result.failure)
     return result.success
   })()

@@ -61,9 +61,10 @@ interface Harness {
   ) => Effect.Effect<{ readonly status: number; readonly type: string | undefined; readonly body: string }>
 }
 
+/** The seed stage unless `settings.stage` says otherwise: these tests pin seed behaviour. */
 const harness = (options: Routes.Options = {}, settings: Partial<Core.Settings> = {}) =>
   Effect.gen(function*() {
-    const core = yield* Core.make(settings)
+    const core = yield* Core.make({ stage: "seed", ...settings })
     yield* core.registerAgent({ id: "hello", webhookUrl: "http://localhost:5000/webhook", secret: SECRET })
     const handle = Routes.make(core, options)
     const send: Harness["send"] = (method, url, opts = {}) =>
@@ -348,7 +349,7 @@ describe("Routes", () => {
 
     it.effect("compat v0.14.0: only the dispatch id on submit is required", () =>
       Effect.gen(function*() {
-        const h = yield* harness({}, { compat: "v0.14.0" })
+        const h = yield* harness({}, { stage: "v0.14.0" })
         const { id, lease } = yield* running(h)
         const missing = yield* h.agent("POST", `/v0/executions/${id}/steps`, SUBMIT)
         expect(missing.body).toBe(

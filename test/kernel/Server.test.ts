@@ -120,6 +120,68 @@ describe("Server", () => {
       expect(yield* Fiber.join(next)).toBe("data: {\"step_id\":\"s\",\"seq\":3,\"data\":\"a\\u0026b\"}\n\n")
     }))
 
+  it.live("current stage end to end: v1= signed agent calls over a real socket; sha256= is 401", () =>
+    Effect.gen(function*() {
+      const webhooks: Array<string> = []
+      const kernel = yield* start({
+        dispatcher: {
+          deliver: (_claim, body) =>
+            Effect.sync(() => {
+              webhooks.push(body)
+              return true
+            })
+        }
+      })
+      expect(kernel.core.settings.stage).toBe("current")
+      yield* kernel.core.registerAgent({ id: "hello", webhookUrl: "http://127.0.0.1:9/webhook", secret: "hello-secret" })
+      const created = yield* raw(kernel.url, "POST", "/v0/executions", { body: "{\"agent_id\":\"hello\",\"input\":{}}" })
+      expect(created.status).toBe(201)
+      const id = JSON.parse(created.body.toString()).id as string
+      for (let i = 0; i < 200 && webhooks.length === 0; i++) yield* Effect.sleep("10 millis")
+      const webhook = JSON.parse(webhooks[0]!)
+      expect(webhook).toMatchObject({ execution_id: id, dispatch_attempt: 1, lease_timeout_seconds: 120 })
+      const signed = (method: string, path: string, body: string) =>
+        Effect.gen(function*() {
+          const timestamp = String(Math.floor(Date.now() / 1000))
+          const signature = yield* Signature.signV1("hello-secret", {
+            method,
+            target: path,
+            timestamp,
+            dispatchId: webhook.dispatch_id,
+            dispatchAttempt: "1",
+            body
+          })
+          return {
+            "rebuno-agent-id": "hello",
+            "rebuno-timestamp": timestamp,
+            "rebuno-dispatch-id": webhook.dispatch_id,
+            "rebuno-dispatch-attempt": "1",
+            "rebuno-signature": signature
+          }
+        })
+      const beatPath = `/v0/executions/${id}/heartbeat`
+      const old = yield* raw(kernel.url, "POST", beatPath, {
+        headers: {
+          "rebuno-agent-id": "hello",
+          "rebuno-dispatch-id": webhook.dispatch_id,
+          "rebuno-dispatch-attempt": "1",
+          "rebuno-signature": yield* Signature.sign("hello-secret", "")
+        }
+      })
+      expect(old.status).toBe(401)
+      expect(old.body.toString()).toBe("{\"code\":\"unauthorized\",\"message\":\"unauthorized\"}\n")
+      expect((yield* raw(kernel.url, "POST", beatPath, { headers: yield* signed("POST", beatPath, "") })).status).toBe(204)
+      const completePath = `/v0/executions/${id}/complete`
+      const output = "{\"output\":{\"ok\":true}}"
+      const done = yield* raw(kernel.url, "POST", completePath, {
+        body: output,
+        headers: { ...(yield* signed("POST", completePath, output)), "content-type": "application/json" }
+      })
+      expect(done.status).toBe(204)
+      const execution = JSON.parse((yield* raw(kernel.url, "GET", `/v0/executions/${id}`)).body.toString())
+      expect(execution).toMatchObject({ status: "completed", output: { ok: true } })
+    }))
+
   it.live("end to end: manifest, HTTP webhook, signed agent calls", () =>
     Effect.gen(function*() {
       // a minimal agent: verifies the webhook, answers 200, then heartbeats and completes
@@ -152,7 +214,7 @@ describe("Server", () => {
         manifest,
         `agents:\n  - id: hello\n    webhook_url: http://127.0.0.1:${port}/webhook\n    secret: hello-secret\n`
       )
-      const kernel = yield* Kernel.start({ port: 0, manifest })
+      const kernel = yield* Kernel.start({ port: 0, manifest, stage: "seed" })
       expect(kernel.agents.map((a) => a.id)).toEqual(["hello"])
 
       const created = yield* raw(kernel.url, "POST", "/v0/executions", {

@@ -1,7 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { readFileSync } from "node:fs"
 import type * as Core from "../../src/kernel/Core.js"
 import * as Wire from "../../src/kernel/Wire.js"
+import * as Signature from "../../src/Signature.js"
+
+const currentVectors = JSON.parse(
+  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
+) as { readonly webhook: { readonly secret: string; readonly body: string; readonly signature: string } }
 
 const EXEC_ID = "0192f1a0-0000-7000-8000-000000000000"
 const STEP_ID = "cd3f927155fb730379530bac1d739ba26565d892ef2e70ff5c52fe235a4d5c29"
@@ -151,7 +157,7 @@ describe("Wire", () => {
     expect(Wire.encodeWebhookBody(claim)).toBe(
       `{"execution_id":"${EXEC_ID}","dispatch_id":"0192f1a0-0000-7000-8000-000000000001","dispatch_attempt":2,"lease_timeout_seconds":120}`
     )
-    expect(Wire.encodeWebhookBody(claim, { compat: true })).toBe(
+    expect(Wire.encodeWebhookBody(claim, { stage: "v0.14.0" })).toBe(
       `{"execution_id":"${EXEC_ID}","dispatch_id":"0192f1a0-0000-7000-8000-000000000001"}`
     )
   })
@@ -205,4 +211,71 @@ describe("Wire", () => {
         ]
       ) expect(() => JSON.parse(text)).not.toThrow()
     }))
+
+  describe("current stage (PROTOCOL-CURRENT)", () => {
+    const agent: Core.AgentRecord = {
+      id: "hello",
+      webhookUrl: "http://localhost:5000/webhook?a=1&b=2",
+      secret: "hello-secret",
+      policyBundle: "",
+      policy: undefined,
+      registeredAtMs: Date.UTC(2026, 7, 18, 19, 40, 54, 100),
+      leaseTimeoutMs: undefined,
+      metadata: { description: "d", inputSchemaRaw: "{}", outputSchemaRaw: null }
+    }
+
+    it("agent JSON is snake_case, without the secret or the metadata (C.10)", () => {
+      expect(Wire.encodeCurrentAgent(agent)).toBe(
+        "{\"id\":\"hello\",\"webhook_url\":\"http://localhost:5000/webhook?a=1\\u0026b=2\",\"registered_at\":\"2026-08-18T19:40:54.1Z\"}"
+      )
+      expect(Wire.encodeCurrentAgent({ ...agent, policyBundle: "default_action: deny\n", leaseTimeoutMs: 12_500 }))
+        .toBe(
+          "{\"id\":\"hello\",\"webhook_url\":\"http://localhost:5000/webhook?a=1\\u0026b=2\",\"policy_bundle\":\"default_action: deny\\n\",\"registered_at\":\"2026-08-18T19:40:54.1Z\",\"lease_timeout_seconds\":12.5}"
+        )
+      expect(Wire.encodeCurrentAgents([])).toBe("[]")
+    })
+
+    it("API keys: listed without the token, issued with it (C.9.2)", () => {
+      const key: Core.ApiKeyRecord = {
+        id: EXEC_ID,
+        name: "read\"er",
+        scopes: ["agents:read", "executions:read"],
+        createdAtMs: T,
+        revokedAtMs: undefined,
+        tokenHash: "0".repeat(64)
+      }
+      expect(Wire.encodeApiKey(key)).toBe(
+        `{"id":"${EXEC_ID}","name":"read\\"er","scopes":["agents:read","executions:read"],"created_at":"${T_TEXT}"}`
+      )
+      expect(Wire.encodeApiKey({ ...key, revokedAtMs: T + 880 })).toBe(
+        `{"id":"${EXEC_ID}","name":"read\\"er","scopes":["agents:read","executions:read"],"created_at":"${T_TEXT}","revoked_at":"2026-08-18T19:40:55Z"}`
+      )
+      expect(Wire.encodeIssuedApiKey({ key, token: "rbk_x" })).toBe(
+        `{"id":"${EXEC_ID}","name":"read\\"er","scopes":["agents:read","executions:read"],"created_at":"${T_TEXT}","token":"rbk_x"}`
+      )
+      expect(Wire.encodeApiKeys([])).toBe("[]")
+    })
+
+    it("the error envelope may carry details (C.10)", () => {
+      expect(Wire.encodeError({ code: "validation_error", message: "validation error", details: "{\"field\":\"x\"}" }))
+        .toBe("{\"code\":\"validation_error\",\"message\":\"validation error\",\"details\":{\"field\":\"x\"}}")
+      expect(Wire.encodeError({ code: "conflict", message: "conflict", details: undefined })).toBe(
+        "{\"code\":\"conflict\",\"message\":\"conflict\"}"
+      )
+    })
+
+    it.effect("the C.14 webhook vector: body and sha256= signature", () =>
+      Effect.gen(function*() {
+        const { body, secret, signature } = currentVectors.webhook
+        const claim = {
+          dispatchId: "01920000-0000-7000-8000-000000000001",
+          executionId: "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b",
+          attempt: 3,
+          agent: undefined as never,
+          leaseTimeoutSeconds: 120
+        }
+        for (const stage of ["current", "seed"] as const) expect(Wire.encodeWebhookBody(claim, { stage })).toBe(body)
+        expect(yield* Signature.sign(secret, body)).toBe(signature)
+      }))
+  })
 })

@@ -167,9 +167,11 @@ const socketHandle = (base: string) => (req: Routes.KernelRequest): Effect.Effec
     return { status: res.status, headers: type === undefined ? {} : { "content-type": type }, body: res.body }
   })
 
+// The properties check the seed stage's statuses and `sha256=` signatures.
 const startKernel = (tokenMode: boolean) =>
   Kernel.start({
     port: 0,
+    stage: "seed",
     ...(tokenMode ? { apiToken: Redacted.make(KERNEL_TOKEN) } : {}),
     dispatcher: { deliver: () => Effect.succeed(true), background: false }
   })

@@ -129,9 +129,9 @@ const headersOf = (record: Readonly<Record<string, string | ReadonlyArray<string
   return (name: string) => map.get(name.toLowerCase()) ?? []
 }
 
-const kernel = (options: Routes.Options = {}) =>
+const kernel = (options: Routes.Options = {}, stage: Core.Stage = "seed") =>
   Effect.gen(function*() {
-    const core = yield* Core.make()
+    const core = yield* Core.make({ stage })
     yield* core.registerAgent({ id: "hello", webhookUrl: "http://agent.invalid/webhook", secret: SECRET })
     const execution = yield* core.createExecution({ agentId: "hello", inputRaw: "{}", agentVersion: undefined })
     const [claim] = yield* core.claimDue(10)
@@ -168,6 +168,15 @@ describe("the kernel's credential checks compare whole values", () => {
       for (let n = 1; n < good.length; n++) expect(yield* status(good.slice(0, n))).toBe(401)
       expect(yield* status(good + "0")).toBe(401)
       expect(yield* status("sha256=" + good.slice(7).toUpperCase())).toBe(401)
+    }))
+
+  it.effect("current stage: even the right sha256= agent signature is 401 (PROTOCOL-CURRENT C.2.1)", () =>
+    Effect.gen(function*() {
+      const k = yield* kernel({}, "current")
+      const url = `/v0/executions/${k.id}`
+      const res = yield* k.send("GET", url, { "rebuno-agent-id": "hello", "rebuno-signature": yield* Signature.sign(SECRET, "") })
+      expect(res.status).toBe(401)
+      expect(res.body).toBe("{\"code\":\"unauthorized\",\"message\":\"unauthorized\"}\n")
     }))
 })
 

@@ -4,7 +4,8 @@
  * (so that a second run replays what the first recorded), fences leases on
  * demand, and lets a test script the next submit answers or override any call.
  */
-import { Clock, Effect, Layer, Redacted } from "effect"
+import { Clock, Effect, Layer, Redacted, Schema } from "effect"
+import * as Client from "../../src/Client.js"
 import type { Caller, Lease, StepSubmission } from "../../src/KernelClient.js"
 import { KernelClient } from "../../src/KernelClient.js"
 import * as Protocol from "../../src/Protocol.js"
@@ -19,6 +20,19 @@ export type Op =
   | "heartbeat"
   | "completeExecution"
   | "failExecution"
+  | "previous"
+  | "getStep"
+  | "suspend"
+  | "publishMetadata"
+  | "observeWebhook"
+
+/** A child execution created through {@link FakeKernel.client}. */
+export interface ChildRecord {
+  readonly executionId: string
+  readonly agentId: string
+  readonly input: unknown
+  readonly options: Client.CreateOptions | undefined
+}
 
 export interface Call {
   readonly op: Op
@@ -29,6 +43,9 @@ export interface Call {
   readonly stepId?: string
   readonly json?: string | undefined
   readonly reason?: string
+  /** The session state sent with complete execution (PROTOCOL-CURRENT C.4.5), when any. */
+  readonly state?: string | undefined
+  readonly notice?: Protocol.WebhookNotice
 }
 
 export type SubmitAnswer =
@@ -53,6 +70,11 @@ export interface ExecutionRecord {
   input: unknown
   output?: string | undefined
   failureReason?: string
+  state?: string | undefined
+  session?: string | undefined
+  parentExecutionId?: string | undefined
+  /** What `GET …/previous` answers as `state` (default `null`). */
+  previous?: unknown
 }
 
 export const SECRET = "test-secret"
@@ -63,7 +85,10 @@ const transport = (what: string) =>
 const notFound = () => new KernelError({ reason: new StatusError({ status: 404, code: "not_found", description: "not found" }) })
 
 export class FakeKernel {
+  /** The calls made for runs. */
   readonly calls: Array<Call> = []
+  /** The calls the runtime makes for the agent itself: `observeWebhook`, `publishMetadata`. */
+  readonly agentCalls: Array<Call> = []
   readonly executions = new Map<string, ExecutionRecord>()
   readonly steps = new Map<string, StepRecord>()
   /** Answers for the next submits, used before the step model. */
@@ -77,12 +102,82 @@ export class FakeKernel {
   onFail: ((stepId: string) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>) | undefined
   onHeartbeat: ((count: number) => Effect.Effect<void, KernelError | LeaseSuperseded>) | undefined
   getExecutionError: KernelError | undefined
+  onSuspend: ((count: number) => Effect.Effect<boolean, KernelError | LeaseSuperseded | Terminated>) | undefined
+  onPublishMetadata: ((count: number) => Effect.Effect<void, KernelError>) | undefined
+  onPrevious: ((executionId: string) => Effect.Effect<unknown, KernelError>) | undefined
+  onCreate: ((child: ChildRecord) => Effect.Effect<void, KernelError>) | undefined
+  /** Child executions by the parent step they are bound to. */
+  readonly children = new Map<string, ChildRecord>()
+  readonly created: Array<ChildRecord> = []
   private counters = new Map<string, number>()
   private nextStep = 0
+  private nextChild = 0
 
-  addExecution(id: string, input: unknown, status = "running"): this {
-    this.executions.set(id, { status, input })
+  addExecution(id: string, input: unknown, status = "running", extra: Partial<ExecutionRecord> = {}): this {
+    this.executions.set(id, { status, input, ...extra })
     return this
+  }
+
+  /** The step with this id. */
+  step(stepId: string): StepRecord | undefined {
+    return [...this.steps.values()].find((s) => s.stepId === stepId)
+  }
+
+  /**
+   * Settle the step a child is bound to as the kernel does when the child ends
+   * (PROTOCOL-CURRENT C.5.3): its output, or the error of a failed / cancelled child.
+   */
+  settleChild(
+    childId: string,
+    outcome: { readonly output: unknown } | { readonly failed: string } | { readonly cancelled: string }
+  ): void {
+    const binding = [...this.children.entries()].find(([, child]) => child.executionId === childId)
+    if (binding === undefined) throw new Error(`no child ${childId}`)
+    const step = this.step(binding[0])!
+    if ("output" in outcome) {
+      step.status = "succeeded"
+      step.result = outcome.output
+    } else {
+      step.status = "failed"
+      step.error = "failed" in outcome
+        ? { execution_id: childId, failure_reason: outcome.failed, reason: "subagent_failed" }
+        : { execution_id: childId, failure_reason: outcome.cancelled, reason: "subagent_cancelled" }
+    }
+  }
+
+  /**
+   * A `Client` whose `create` binds a child to the parent step like the kernel
+   * (PROTOCOL-CURRENT C.5.1); every other call dies.
+   */
+  get client(): Client.Client.Service {
+    const create: Client.Client.Service["create"] = (agentId, input, options) =>
+      Effect.gen({ self: this }, function*() {
+        const bound = options?.spawnedBy === undefined ? undefined : this.children.get(options.spawnedBy.stepId)
+        const child: ChildRecord = bound ?? { executionId: `child-${this.nextChild++}`, agentId, input, options }
+        this.created.push(child)
+        if (this.onCreate !== undefined) yield* this.onCreate(child)
+        if (options?.spawnedBy !== undefined) this.children.set(options.spawnedBy.stepId, child)
+        return {
+          id: child.executionId,
+          agentId,
+          agentVersion: "",
+          input,
+          status: "running",
+          failureReason: "",
+          createdAt: "",
+          updatedAt: "",
+          deadlineAt: "",
+          ...(options?.spawnedBy === undefined ? {} : { spawnedBy: options.spawnedBy })
+        } satisfies Protocol.Execution
+      })
+    return new Proxy({ create } as unknown as Client.Client.Service, {
+      get: (target, key) =>
+        key in target ? (target as any)[key] : () => Effect.die(new Error(`FakeKernel.client: ${String(key)}`))
+    })
+  }
+
+  get clientLayer(): Layer.Layer<Client.Client> {
+    return Layer.succeed(Client.Client, this.client)
   }
 
   ops(op?: Op): ReadonlyArray<Call> {
@@ -91,7 +186,8 @@ export class FakeKernel {
 
   private record(call: Omit<Call, "at">): Effect.Effect<void> {
     return Effect.map(Clock.currentTimeMillis, (at) => {
-      this.calls.push({ ...call, at })
+      if (call.op === "observeWebhook" || call.op === "publishMetadata") this.agentCalls.push({ ...call, at })
+      else this.calls.push({ ...call, at })
     })
   }
 
@@ -133,9 +229,70 @@ export class FakeKernel {
           failureReason: e.failureReason ?? "",
           createdAt: "",
           updatedAt: "",
-          deadlineAt: ""
+          deadlineAt: "",
+          ...(e.session === undefined ? {} : { session: e.session }),
+          ...(e.parentExecutionId === undefined ? {} : { parentExecutionId: e.parentExecutionId })
         }
         return execution
+      }),
+    observeWebhook: (notice) => this.record({ op: "observeWebhook", executionId: notice.executionId, lease: undefined, notice }),
+    previous: (_caller, executionId) =>
+      Effect.gen({ self: this }, function*() {
+        yield* this.record({ op: "previous", executionId, lease: undefined })
+        if (this.onPrevious !== undefined) return yield* this.onPrevious(executionId)
+        const e = this.executions.get(executionId)
+        if (e === undefined) return yield* notFound()
+        return e.previous === undefined ? null : e.previous
+      }),
+    getStep: (_caller, executionId, stepId) =>
+      Effect.gen({ self: this }, function*() {
+        yield* this.record({ op: "getStep", executionId, lease: undefined, stepId })
+        const step = this.step(stepId)
+        if (step === undefined) return yield* notFound()
+        const read: Protocol.Step = {
+          stepId,
+          executionId,
+          kind: step.kind,
+          target: step.target,
+          argsHash: "",
+          occurrence: 0,
+          status: step.status,
+          idempotency: "safe_to_retry",
+          args: JSON.parse(step.argsJson),
+          ...(step.result === undefined ? {} : { result: step.result }),
+          ...(step.error === undefined ? {} : { error: step.error }),
+          startedAt: "",
+          completedAt: ""
+        }
+        return read
+      }),
+    suspend: (caller, executionId) =>
+      Effect.gen({ self: this }, function*() {
+        yield* this.record({ op: "suspend", executionId, lease: caller.lease })
+        if (this.onSuspend !== undefined) return yield* this.onSuspend(this.ops("suspend").length)
+        if (this.terminal(executionId)) return yield* new Terminated()
+        if (this.isFenced(caller.lease)) return yield* new LeaseSuperseded()
+        // Waiting: an executing step with a child (C.5.2); the execution blocks and the lease is retired.
+        const waiting = [...this.children.keys()].some((stepId) => this.step(stepId)?.status === "executing")
+        if (waiting) {
+          const e = this.executions.get(executionId)
+          if (e !== undefined) e.status = "blocked"
+          this.fenced.add(`${caller.lease.dispatchId}:${caller.lease.attempt}`)
+        }
+        return waiting
+      }),
+    publishMetadata: (agentId, metadata) =>
+      Effect.gen({ self: this }, function*() {
+        yield* this.record({
+          op: "publishMetadata",
+          executionId: "",
+          lease: undefined,
+          reason: agentId,
+          json: JSON.stringify(Schema.encodeSync(Protocol.AgentMetadataBody)(metadata))
+        })
+        if (this.onPublishMetadata !== undefined) {
+          return yield* this.onPublishMetadata(this.agentCalls.filter((c) => c.op === "publishMetadata").length)
+        }
       }),
     submitStep: (caller: Caller, executionId, submission) =>
       Effect.gen({ self: this }, function*() {
@@ -213,15 +370,16 @@ export class FakeKernel {
         }
         if (this.isFenced(caller.lease) || this.terminal(executionId)) return yield* new LeaseSuperseded()
       }),
-    completeExecution: (caller, executionId, outputJson) =>
+    completeExecution: (caller, executionId, outputJson, stateJson) =>
       Effect.gen({ self: this }, function*() {
-        yield* this.record({ op: "completeExecution", executionId, lease: caller.lease, json: outputJson })
+        yield* this.record({ op: "completeExecution", executionId, lease: caller.lease, json: outputJson, state: stateJson })
         if (this.terminal(executionId)) return
         if (this.isFenced(caller.lease)) return yield* new LeaseSuperseded()
         const e = this.executions.get(executionId)
         if (e !== undefined) {
           e.status = "completed"
           e.output = outputJson
+          e.state = stateJson
         }
       }),
     failExecution: (caller, executionId, reason) =>

@@ -821,9 +821,12 @@ export interface World {
 /** Agent secrets: the empty one (HMAC pads it), non-ASCII, and longer than the HMAC block. */
 export const secretArb = fc.constantFrom(KERNEL_SECRET, KERNEL_SECRET, "", "sécret-🙂", "k".repeat(100))
 
-/** Seed a kernel and answer requests in-process with `Routes.make`. */
+/**
+ * Seed a kernel and answer requests in-process with `Routes.make`. The seed
+ * stage: the properties check its statuses and `sha256=` signatures.
+ */
 export const seed = (tokenMode: boolean, secret: string): Effect.Effect<World> =>
-  Effect.flatMap(Core.make(), (core) =>
+  Effect.flatMap(Core.make({ stage: "seed" }), (core) =>
     seedCore(core, {
       tokenMode,
       secret,

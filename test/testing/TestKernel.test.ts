@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Effect, Schema } from "effect"
-import { Agent, Client, Step, Tool } from "effect-rebuno"
+import { Clock, Effect, Option, Schema } from "effect"
+import { Agent, Client, Step, Subagent, Tool } from "effect-rebuno"
 import type { ToolError } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
 
@@ -189,7 +189,7 @@ describe("TestKernel", () => {
         "step.succeeded",
         "execution.completed"
       ])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.hello], policies: { hello: policy } })))
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [world.hello], policies: { hello: policy } })))
   })
 
   it.effect("a denied step fails the execution with policy_denied: <reason>", () => {
@@ -359,7 +359,7 @@ describe("direct and HTTP transports", () => {
       const granted = yield* kernel.settle(crashed.executionId)
       return { mixed: view(mixed), crashed: view(crashed), granted: view(granted), ran: agents.ran }
     }).pipe(
-      Effect.provide(TestKernel.layer({ agents: [agents.mixed, agents.gated], transport, policies: { mixed: policy, gated: policy } }))
+      Effect.provide(TestKernel.layer({ stage: "seed", agents: [agents.mixed, agents.gated], transport, policies: { mixed: policy, gated: policy } }))
     )
   }
 
@@ -384,4 +384,462 @@ describe("direct and HTTP transports", () => {
       expect(direct.crashed.calls.some((c) => c[7] === "replay")).toBe(true)
       expect(direct).toEqual(http)
     }))
+})
+
+/**
+ * The current stage in-process (PROTOCOL-CURRENT): sessions, subagents,
+ * rate-limit parking and scoped API keys, all on virtual time.
+ */
+describe("TestKernel: the current stage", () => {
+  const History = Schema.Array(Schema.String)
+
+  /** A chat agent that keeps its history as session state and takes 10 virtual seconds per turn. */
+  const makeChat = () => {
+    const load = { active: 0, max: 0 }
+    const chat = Agent.make({
+      id: "chat",
+      input: Schema.Struct({ message: Schema.String }),
+      state: History,
+      handler: ({ message }, session) =>
+        Effect.gen(function*() {
+          const history = Option.getOrElse(yield* session.previous, () => [])
+          load.active++
+          load.max = Math.max(load.max, load.active)
+          yield* Effect.sleep("10 seconds").pipe(Effect.ensuring(Effect.sync(() => load.active--)))
+          const next = [...history, message]
+          return session.withState({ turns: next.length, last: message }, next)
+        })
+    })
+    return { chat, load }
+  }
+
+  it.effect("executions of one session run one at a time, each starting from the state the previous one left", () => {
+    const { chat, load } = makeChat()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const start = yield* Clock.currentTimeMillis
+      const ids: Array<string> = []
+      for (const message of ["a", "b", "c"]) ids.push(yield* kernel.create("chat", { message }, { session: "chat:u1" }))
+      expect((yield* Effect.forEach(ids, kernel.execution)).map((e) => e.status)).toEqual(["running", "pending", "pending"])
+      const last = yield* kernel.settle(ids[2]!)
+      expect(last.status).toBe("completed")
+      expect(last.output).toEqual({ turns: 3, last: "c" })
+      const executions = yield* Effect.forEach(ids, kernel.execution)
+      expect(executions.map((e) => [e.status, e.session, e.parentExecutionId])).toEqual([
+        ["completed", "chat:u1", undefined],
+        ["completed", "chat:u1", ids[0]],
+        ["completed", "chat:u1", ids[1]]
+      ])
+      expect(executions.map((e) => e.output)).toEqual([{ turns: 1, last: "a" }, { turns: 2, last: "b" }, {
+        turns: 3,
+        last: "c"
+      }])
+      // One at a time: three 10 s turns take 30 s of virtual time, never two at once.
+      expect(load.max).toBe(1)
+      expect((yield* Clock.currentTimeMillis) - start).toBeGreaterThanOrEqual(30_000)
+      // What `previous` reads: the stored state, which is in no event and no execution JSON.
+      expect(yield* client.previous(ids[2]!)).toEqual(["a", "b"])
+      expect(yield* client.previous(ids[0]!)).toBeNull()
+      // The second execution was created pending, and started once the first had completed.
+      const second = yield* kernel.events(ids[1]!)
+      expect(second.slice(0, 2).map((e) => [e.type, e.payload])).toEqual([
+        ["execution.created", { execution_id: ids[1], status: "pending", session: "chat:u1" }],
+        ["execution.started", {
+          execution_id: ids[1],
+          status: "running",
+          session: "chat:u1",
+          parent_execution_id: ids[0]
+        }]
+      ])
+      const firstCompleted = (yield* kernel.events(ids[0]!)).find((e) => e.type === "execution.completed")!
+      expect(Date.parse(second[1]!.occurredAt)).toBeGreaterThanOrEqual(Date.parse(firstCompleted.occurredAt))
+      // The session's listing.
+      const page = yield* client.list({ session: "chat:u1" })
+      expect(page.executions.map((e) => e.id).sort()).toEqual([...ids].sort())
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [chat] })))
+  })
+
+  it.effect("run with a session continues it; other sessions run side by side", () => {
+    const { chat, load } = makeChat()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const first = yield* kernel.run(chat, { message: "hi" }, { session: "s1" })
+      const second = yield* kernel.run(chat, { message: "again" }, { session: "s1" })
+      expect([first.output, second.output]).toEqual([{ turns: 1, last: "hi" }, { turns: 2, last: "again" }])
+      expect(second.execution.parentExecutionId).toBe(first.executionId)
+      load.max = 0
+      const x = yield* kernel.create("chat", { message: "x" }, { session: "s2" })
+      const y = yield* kernel.create("chat", { message: "y" }, { session: "s3" })
+      expect((yield* kernel.execution(y)).status).toBe("running")
+      yield* kernel.settle(x)
+      expect((yield* kernel.settle(y)).output).toEqual({ turns: 1, last: "y" })
+      expect(load.max).toBe(2)
+      // An idempotent create answers the first execution and runs nothing new.
+      const keyed = yield* kernel.run(chat, { message: "k" }, { session: "s4", idempotencyKey: "k-1" })
+      const again = yield* kernel.run(chat, { message: "other" }, { session: "s4", idempotencyKey: "k-1" })
+      expect(again.executionId).toBe(keyed.executionId)
+      expect(again.output).toEqual({ turns: 1, last: "k" })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [chat] })))
+  })
+
+  it.effect("settling a pending execution whose session waits on an approval stops there, without moving time", () => {
+    const deploy = Tool.make("deploy", { args: Schema.Struct({}), success: Schema.String, execute: () => Effect.succeed("done") })
+    const agent = Agent.make({ id: "deployer", handler: () => deploy({}) })
+    const policy = "default_action: allow\nrules:\n  - { id: gate, when: { target: deploy }, then: { decision: require_approval } }\n"
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const first = yield* kernel.create("deployer", {}, { session: "ops" })
+      const second = yield* kernel.create("deployer", {}, { session: "ops" })
+      const start = yield* Clock.currentTimeMillis
+      const waiting = yield* kernel.settle(second)
+      expect(waiting.status).toBe("pending")
+      expect((yield* kernel.execution(first)).status).toBe("blocked")
+      expect((yield* Clock.currentTimeMillis) - start).toBeLessThan(60_000)
+      const approval = yield* TestKernel.pendingApproval(first)
+      yield* kernel.grant(approval.id)
+      const done = yield* kernel.settle(second)
+      expect(done.status).toBe("blocked")
+      expect((yield* kernel.execution(first)).status).toBe("completed")
+      expect(done.execution.parentExecutionId).toBe(first)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { deployer: policy } })))
+  })
+
+  it.effect("a session execution of a seed-stage kit: no sessions, previous is a KernelError", () => {
+    const { chat } = makeChat()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(chat, { message: "hi" }, { session: "ignored" })
+      expect(run.status).toBe("failed")
+      expect(run.execution.session).toBeUndefined()
+      expect(run.failureReason).toMatch(/^agent_error: KernelError/)
+    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [chat] })))
+  })
+
+  const Summary = Schema.Struct({ summary: Schema.String })
+  const summarize = Subagent.make({
+    agentId: "summarizer",
+    input: Schema.Struct({ text: Schema.String }),
+    output: Summary
+  })
+  const makeFamily = () => {
+    const childRuns: Array<string> = []
+    const summarizer = Agent.make({
+      id: "summarizer",
+      input: Schema.Struct({ text: Schema.String }),
+      output: Summary,
+      handler: ({ text }) =>
+        Effect.gen(function*() {
+          childRuns.push(text)
+          if (text === "boom") return yield* Effect.fail(new Error("cannot summarise"))
+          yield* Effect.sleep("5 seconds")
+          return { summary: text.slice(0, 3) }
+        })
+    })
+    const researcher = Agent.make({
+      id: "researcher",
+      input: Schema.Struct({ documents: Schema.Array(Schema.String) }),
+      handler: ({ documents }) =>
+        Effect.forEach(
+          documents,
+          (text) =>
+            summarize({ text }).pipe(
+              Effect.map((s) => s.summary),
+              Effect.catchTag("SubagentError", (e) => Effect.succeed(`failed: ${e.reason}: ${e.failureReason}`))
+            ),
+          { concurrency: "unbounded" }
+        )
+    })
+    return { childRuns, researcher, summarizer }
+  }
+
+  it.effect("a subagent call: the parent suspends, the children run, the parent resumes with their outputs", () => {
+    const family = makeFamily()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const client = yield* Client.Client
+      const run = yield* kernel.run(family.researcher, { documents: ["hello", "world"] })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(["hel", "wor"])
+      expect(run.deliveries).toBe(2)
+      // Each child ran once; the parent's second run replayed their outcomes.
+      expect(family.childRuns.sort()).toEqual(["hello", "world"])
+      const blocked = run.events.filter((e) => e.type === "execution.blocked" || e.type === "execution.resumed")
+      expect(blocked.map((e) => [e.type, e.payload])).toEqual([
+        ["execution.blocked", { execution_id: run.executionId, status: "blocked", reason: "awaiting_steps" }],
+        ["execution.resumed", { execution_id: run.executionId, status: "running" }]
+      ])
+      expect(run.steps.map((s) => [s.kind, s.target, s.status, s.result])).toEqual(
+        expect.arrayContaining([
+          ["tool_call", "summarizer", "succeeded", { summary: "hel" }],
+          ["tool_call", "summarizer", "succeeded", { summary: "wor" }]
+        ])
+      )
+      const children = (yield* client.list({ agentId: "summarizer" })).executions
+      expect(children).toHaveLength(2)
+      for (const child of children) {
+        expect(child.status).toBe("completed")
+        expect(child.spawnedBy?.executionId).toBe(run.executionId)
+        expect(run.steps.map((s) => s.stepId)).toContain(child.spawnedBy?.stepId)
+        expect(child.idempotencyKey).toBe(child.spawnedBy?.stepId)
+      }
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [family.researcher, family.summarizer] })))
+  })
+
+  it.effect("a failed child is a typed SubagentError in the parent, with the child's failure reason", () => {
+    const family = makeFamily()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(family.researcher, { documents: ["boom", "fine"] })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(["failed: subagent_failed: agent_error: Error: cannot summarise", "fin"])
+      const failedStep = run.steps.find((s) => s.status === "failed")!
+      expect(failedStep.error).toMatchObject({ reason: "subagent_failed", failure_reason: "agent_error: Error: cannot summarise" })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [family.researcher, family.summarizer], transport: "http" })))
+  })
+
+  it.effect("a parent whose child waits on an approval settles blocked; granting the child's approval finishes both", () => {
+    const family = makeFamily()
+    const policy = "default_action: allow\nrules:\n  - { id: gate, when: { target: \"*\" }, then: { decision: require_approval } }\n"
+    const gatedChild = Agent.make({
+      id: "summarizer",
+      input: Schema.Struct({ text: Schema.String }),
+      output: Summary,
+      handler: ({ text }) => Step.run("review", Effect.succeed({ summary: text.toUpperCase() }))
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const start = yield* Clock.currentTimeMillis
+      const blocked = yield* kernel.run(family.researcher, { documents: ["abc"] })
+      expect(blocked.status).toBe("blocked")
+      expect(blocked.approvals).toEqual([])
+      expect((yield* Clock.currentTimeMillis) - start).toBeLessThan(60_000)
+      const approvals = yield* kernel.approvals()
+      expect(approvals).toHaveLength(1)
+      yield* kernel.grant(approvals[0]!.id)
+      const done = yield* kernel.settle(blocked.executionId)
+      expect([done.status, done.output]).toEqual(["completed", ["ABC"]])
+    }).pipe(Effect.provide(TestKernel.layer({
+      agents: [family.researcher, gatedChild],
+      policies: { summarizer: policy }
+    })))
+  })
+
+  it.effect("rate-limit parking: the run ends, virtual time moves to the redelivery, the step then proceeds", () => {
+    const pinged: Array<number> = []
+    const ping = Tool.make("ping", {
+      args: Schema.Struct({ n: Schema.Number }),
+      success: Schema.Number,
+      execute: ({ n }) => Effect.sync(() => (pinged.push(n), n))
+    })
+    const agent = Agent.make({
+      id: "pinger",
+      handler: () => Effect.forEach([1, 2], (n) => ping({ n }))
+    })
+    const policy = [
+      "default_action: allow",
+      "rules:",
+      "  - id: slow-pings",
+      "    when: { target: ping }",
+      "    then:",
+      "      decision: allow",
+      "      rate_limit: { max_calls: 1, window: 1m, max_wait: 5m }"
+    ].join("\n")
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const start = yield* Clock.currentTimeMillis
+      const run = yield* kernel.run(agent)
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual([1, 2])
+      expect(pinged).toEqual([1, 2])
+      expect(run.deliveries).toBe(2)
+      const elapsed = (yield* Clock.currentTimeMillis) - start
+      // The wait is window / max_calls (the jitter source is pinned to 0), on the 250 ms tick grid.
+      expect(elapsed).toBe(60_000)
+      // The execution never blocked: it stayed running and was redelivered after the wait.
+      expect(types(run)).toEqual([
+        "execution.created",
+        "execution.started",
+        "dispatch.queued",
+        "dispatch.acked",
+        "step.proposed",
+        "step.allowed",
+        "step.executing",
+        "step.succeeded",
+        "step.rate_limited",
+        "dispatch.queued",
+        "dispatch.acked",
+        "step.proposed",
+        "step.allowed",
+        "step.executing",
+        "step.succeeded",
+        "execution.completed"
+      ])
+      const parked = run.events[8]!
+      const retried = run.events[11]!
+      expect(parked.payload).toEqual({
+        step_id: (retried.payload as { step_id: string }).step_id,
+        step_type: "tool_call",
+        target: "ping",
+        rule_id: "slow-pings",
+        error: { reason: "rate_limit_exceeded", rule_id: "slow-pings" }
+      })
+      expect(Date.parse(run.events[10]!.occurredAt) - Date.parse(parked.occurredAt)).toBe(60_000)
+      const submits = run.calls.filter((c) => c.call === "submitStep").map((c) => `${c.target}:${c.answer}`)
+      expect(submits).toEqual(["ping:proceed", "ping:blocked", "ping:replay", "ping:proceed"])
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { pinger: policy }, settings: { random: () => 0 } })))
+  })
+
+  it.effect("the direct and HTTP transports agree on sessions, subagents and parking (previous and suspend calls included)", () => {
+    const childless = (error: unknown) =>
+      typeof error === "object" && error !== null && "execution_id" in error ? { ...error, execution_id: "<child>" } : error
+    const observe = (transport: "direct" | "http") => {
+      const { chat } = makeChat()
+      const family = makeFamily()
+      const ping = Tool.make("ping", {
+        args: Schema.Struct({ n: Schema.Number }),
+        success: Schema.Number,
+        execute: ({ n }) => Effect.succeed(n)
+      })
+      const pinger = Agent.make({ id: "pinger", handler: () => Effect.forEach([1, 2], (n) => ping({ n })) })
+      const policy = "rules:\n  - { id: slow, when: { target: ping }, then: { decision: allow, rate_limit: { max_calls: 1, window: 1m, max_wait: 5m } } }\ndefault_action: allow\n"
+      const view = (run: TestKernel.RunResult) => ({
+        status: run.status,
+        output: run.output,
+        deliveries: run.deliveries,
+        // A child's execution id differs from run to run: only its presence is compared.
+        steps: run.steps.map((s) => [s.kind, s.target, s.status, s.result, childless(s.error)]).sort((a, b) =>
+          JSON.stringify(a) < JSON.stringify(b) ? -1 : 1
+        ),
+        events: run.events.map((e) => e.type),
+        calls: run.calls.map((c) => [c.call, c.target, c.index, c.attempt, c.reached, c.answer, c.delivered])
+      })
+      return Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const first = yield* kernel.run(chat, { message: "a" }, { session: "s" })
+        const second = yield* kernel.run(chat, { message: "b" }, { session: "s" })
+        const parent = yield* kernel.run(family.researcher, { documents: ["boom", "fine"] })
+        const parked = yield* kernel.run(pinger)
+        return { first: view(first), second: view(second), parent: view(parent), parked: view(parked) }
+      }).pipe(Effect.provide(TestKernel.layer({
+        agents: [chat, family.researcher, family.summarizer, pinger],
+        policies: { pinger: policy },
+        settings: { random: () => 0 },
+        transport
+      })))
+    }
+    return Effect.gen(function*() {
+      const direct = yield* observe("direct")
+      const http = yield* observe("http")
+      expect(direct.second.output).toEqual({ turns: 2, last: "b" })
+      expect(direct.second.calls.map((c) => c[0])).toEqual(["getExecution", "previous", "completeExecution"])
+      expect(direct.parent.calls.map((c) => `${c[0]}:${c[5]}`)).toEqual([
+        "getExecution:ok",
+        "submitStep:proceed",
+        "submitStep:proceed",
+        "suspend:ok",
+        "getExecution:ok",
+        "submitStep:replay",
+        "submitStep:replay",
+        "completeExecution:ok"
+      ])
+      expect(direct.parked.deliveries).toBe(2)
+      expect(direct).toEqual(http)
+    })
+  })
+
+  for (const transport of ["direct", "http"] as const) {
+    it.effect(`the agent's metadata is published on its first delivery (transport: ${transport})`, () => {
+      const agent = Agent.make({
+        id: "described",
+        description: "Echoes a prompt",
+        input: Schema.Struct({ prompt: Schema.String }),
+        output: Schema.String,
+        handler: ({ prompt }) => Effect.succeed(prompt)
+      })
+      return Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        expect((yield* kernel.core.getAgent("described")).metadata).toBeUndefined()
+        const run = yield* kernel.run(agent, { prompt: "hi" })
+        expect(run.output).toBe("hi")
+        const metadata = (yield* kernel.core.getAgent("described")).metadata!
+        expect(metadata.description).toBe("Echoes a prompt")
+        expect(JSON.parse(metadata.inputSchemaRaw!)).toMatchObject({
+          type: "object",
+          properties: { prompt: { type: "string" } },
+          required: ["prompt"]
+        })
+        expect(JSON.parse(metadata.outputSchemaRaw!)).toMatchObject({ type: "string" })
+        // Not an execution's call: the call log does not list it.
+        expect(run.calls.map((c) => c.call)).toEqual(["getExecution", "completeExecution"])
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], transport })))
+    })
+
+    it.effect(`a seed-stage kit has no metadata route: the agent runs on (transport: ${transport})`, () => {
+      const agent = Agent.make({ id: "described", description: "Echoes", handler: () => Effect.succeed("ok") })
+      return Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const run = yield* kernel.run(agent)
+        expect(run.status).toBe("completed")
+        expect((yield* kernel.core.getAgent("described")).metadata).toBeUndefined()
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], transport, stage: "seed" })))
+    })
+  }
+
+  it.effect("the dispatcher polls every 250 ms: delivery backoff lands on the second (the seed stage's 2 s grid rounds it)", () =>
+    Effect.gen(function*() {
+      const at = (e: { readonly occurredAt: string }) => Date.parse(e.occurredAt)
+      const kernel = yield* TestKernel.TestKernel
+      yield* kernel.core.registerAgent({ id: "ghost", webhookUrl: "http://ghost.invalid/webhook", secret: "s" })
+      const run = yield* kernel.run("ghost", {})
+      expect([run.status, run.failureReason]).toEqual(["failed", "dispatch_exhausted"])
+      const tail = run.events.slice(3)
+      expect(tail.map((e) => e.type)).toEqual([
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "dispatch.failed",
+        "execution.failed"
+      ])
+      // backoff 1 s, 2 s, 4 s, 8 s (no jitter)
+      expect(tail.map((e) => at(e) - at(tail[0]!))).toEqual([0, 1_000, 3_000, 7_000, 15_000, 15_000])
+    }).pipe(Effect.provide(TestKernel.layer({ settings: { random: () => 0 } }))))
+
+  it.effect("API keys: the kit's Client has full access with the bootstrap token; a key's client has its scopes", () => {
+    const { chat } = makeChat()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const admin = yield* Client.Client
+      const run = yield* kernel.run(chat, { message: "hi" })
+      const key = yield* admin.createApiKey({ name: "reader", scopes: ["executions:read"] })
+      expect(key.scopes).toEqual(["executions:read"])
+      const reader = yield* kernel.client({ apiKey: key.token })
+      expect((yield* reader.get(run.executionId)).status).toBe("completed")
+      const forbidden = yield* Effect.flip(reader.create("chat", { message: "no" }))
+      expect(forbidden).toMatchObject({ status: 403, code: "forbidden" })
+      const anonymous = yield* kernel.client()
+      expect(yield* Effect.flip(anonymous.get(run.executionId))).toMatchObject({ status: 401, code: "unauthorized" })
+      const rotated = yield* admin.rotateApiKey(key.id)
+      expect(yield* Effect.flip(reader.get(run.executionId))).toMatchObject({ status: 401 })
+      const renewed = yield* kernel.client({ apiKey: rotated.token })
+      expect((yield* renewed.get(run.executionId)).id).toBe(run.executionId)
+      yield* admin.deleteApiKey(key.id)
+      expect(yield* Effect.flip(renewed.get(run.executionId))).toMatchObject({ status: 401 })
+      expect((yield* admin.listApiKeys()).map((k) => [k.name, k.revokedAt !== undefined])).toEqual([["reader", true]])
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [chat], apiToken: "bootstrap-token" })))
+  })
+
+  it.effect("API keys without a bootstrap token: the kit stays open, a key is still checked", () =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const admin = yield* Client.Client
+      const key = yield* admin.createApiKey({ name: "approver", scopes: ["approvals:read"] })
+      const approver = yield* kernel.client({ apiKey: key.token })
+      expect(yield* approver.listApprovals()).toEqual([])
+      expect(yield* Effect.flip(approver.listAgents())).toMatchObject({ status: 403 })
+      expect(yield* Effect.flip((yield* kernel.client({ apiKey: "rbk_nope" })).listApprovals())).toMatchObject({
+        status: 401
+      })
+    }).pipe(Effect.provide(TestKernel.layer())))
 })

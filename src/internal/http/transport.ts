@@ -16,7 +16,7 @@
  * @since 0.1.0
  * @internal
  */
-import type { NodeHttpClient } from "@effect/platform-node"
+import type * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Duration, Effect, Option } from "effect"
 import type { HttpClient } from "effect/http"
 import { Headers, HttpBody, HttpClientRequest, UrlParams } from "effect/http"
@@ -31,7 +31,7 @@ import { send, timeoutError, timeoutOnClock } from "./exchange.js"
  * @internal
  */
 export interface WireRequest {
-  readonly method: "GET" | "POST"
+  readonly method: "GET" | "POST" | "PUT"
   readonly path: string
   readonly headers: Record<string, string>
   readonly body: Uint8Array | undefined

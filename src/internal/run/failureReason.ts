@@ -7,7 +7,7 @@
  * @since 0.1.0
  * @internal
  */
-import { PolicyError, RateLimited, ToolError } from "../../RebunoError.js"
+import { PolicyError, RateLimited, SubagentError, ToolError } from "../../RebunoError.js"
 import * as llmRefusal from "./llmRefusal.js"
 
 const TOKEN = /^[a-z0-9_]+$/
@@ -58,7 +58,11 @@ const safeJson = (u: unknown): string => {
 
 /**
  * The exact string posted as `error` to `POST /v0/executions/{id}/fail`
- * (PROTOCOL.md 14.5).
+ * (PROTOCOL.md 14.5, PROTOCOL-CURRENT C.12): a policy denial whose reason is
+ * a token as is, else `policy_denied: <reason>`; a rate limit its reason; a
+ * failed step `tool_error: <target>: <message>` (a subagent's failure is the
+ * failure of its calling step: `tool_error: <target>: subagent_failed: <the
+ * child's reason>`); anything else `agent_error: <Name>: <message>`.
  *
  * @since 0.1.0
  * @category internal
@@ -69,7 +73,7 @@ export const failureReason = (error: unknown): string => {
     return TOKEN.test(error.message) ? error.message : `policy_denied: ${error.message}`
   }
   if (error instanceof RateLimited) return error.reason
-  if (error instanceof ToolError) return `tool_error: ${error.message}`
+  if (error instanceof ToolError || error instanceof SubagentError) return `tool_error: ${error.message}`
   return `agent_error: ${nameOf(error)}: ${messageOf(error)}`
 }
 

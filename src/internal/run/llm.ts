@@ -32,6 +32,7 @@ import { isTransportFailure } from "../http/exchange.js"
 import * as Tracing from "../http/tracing.js"
 import { stringifyStrict } from "../wire/json.js"
 import { answerFor, refusalAnswer, registerRefusalResponse } from "./llmRefusal.js"
+import { blockedBy } from "./run.js"
 import type { Refusal, RefusalAnswer } from "./llmRefusal.js"
 import { teeStream } from "./llmStream.js"
 import type { TeeHooks } from "./llmStream.js"
@@ -315,23 +316,20 @@ const decide = (call: Call, decision: Protocol.StepDecision): Effect.Effect<Admi
         execution,
         refusalAnswer(
           "denied",
-          new PolicyError({ reason, target, ...(stepId === undefined ? {} : { stepId }) }),
+          new PolicyError({
+            reason,
+            target,
+            ...(decision.ruleId === undefined ? {} : { ruleId: decision.ruleId }),
+            ...(stepId === undefined ? {} : { stepId })
+          }),
           reason
         )
       )
     }
     case "blocked":
     case "execution_blocked":
-      return refuse(
-        execution,
-        refusalAnswer(
-          "blocked",
-          new Blocked({
-            ...(decision.approvalId === undefined ? {} : { approvalId: decision.approvalId }),
-            ...(stepId === undefined ? {} : { stepId })
-          })
-        )
-      )
+      // Approval waits and rate-limit parking (PROTOCOL-CURRENT C.8.3) alike: the run ends quietly.
+      return refuse(execution, refusalAnswer("blocked", blockedBy(decision)))
     case "rate_limited":
       return refuse(
         execution,

@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Context, Effect, Formatter, Option, Result, Schema, SchemaIssue } from "effect"
+import { Cause, Context, Effect, Formatter, identity, Option, Result, Schema, SchemaIssue } from "effect"
 import type { SchemaAST } from "effect"
 import { Execution } from "../../Execution.js"
 import type * as Protocol from "../../Protocol.js"
@@ -35,6 +35,7 @@ import { stringifyStrict } from "../wire/json.js"
 import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
 import type { StepFailureRecord } from "./runtime.js"
 import { isTransportFailure } from "../http/exchange.js"
+import * as Suspension from "./suspension.js"
 
 /**
  * How a step may be re-run when its earlier run died mid-body.
@@ -114,8 +115,29 @@ export interface Submission {
 const unexpected = (decision: string) =>
   new KernelError({ reason: new DecodeError({ description: `unexpected step decision: ${decision}` }) })
 
-/** Record a signal on the run and fail with it. */
-const signal = <S extends RunSignal>(execution: Execution.Service, s: S): Effect.Effect<never, S> =>
+/**
+ * The `Blocked` signal of a `blocked` / `execution_blocked` decision: with its
+ * approval id, or with its reason (rate-limit parking, C.8.3).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const blockedBy = (decision: Protocol.StepDecision): Blocked =>
+  new Blocked({
+    ...(decision.approvalId === undefined ? {} : { approvalId: decision.approvalId }),
+    ...(decision.stepId === undefined ? {} : { stepId: decision.stepId }),
+    ...(decision.approvalId !== undefined || decision.reason === undefined ? {} : { reason: decision.reason })
+  })
+
+/**
+ * Record a signal on the run and fail with it.
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const signal = <S extends RunSignal>(execution: Execution.Service, s: S): Effect.Effect<never, S> =>
   Effect.andThen(execution.raise(s), Effect.fail(s))
 
 /** The submission as sent, or why it cannot be: its arguments are not JSON (nothing is sent then). */
@@ -227,18 +249,15 @@ const admission = (
         new PolicyError({
           reason: decision.reason ?? "denied by policy",
           target,
+          ...(decision.ruleId === undefined ? {} : { ruleId: decision.ruleId }),
           ...(decision.stepId === undefined ? {} : { stepId: decision.stepId })
         })
       )
     case "blocked":
     case "execution_blocked":
-      return signal(
-        execution,
-        new Blocked({
-          ...(decision.approvalId === undefined ? {} : { approvalId: decision.approvalId }),
-          ...(decision.stepId === undefined ? {} : { stepId: decision.stepId })
-        })
-      )
+      // Without an approval id, `blocked` is rate-limit parking (PROTOCOL-CURRENT C.8.3): the
+      // execution stays running and is redelivered after the wait; the run ends quietly alike.
+      return signal(execution, blockedBy(decision))
     case "rate_limited":
       return Effect.fail(new RateLimited({ reason: decision.reason ?? "rate_limit_exceeded", target }))
     case "execution_terminal":
@@ -546,6 +565,34 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
+  const suspension = execution.suspension
+  if (suspension === undefined || !Suspension.isEnabled()) return runStep(execution, options)
+  return inFlight(suspension, runStep(execution, options))
+}
+
+/**
+ * Count `step` as in flight for the run's suspension (PROTOCOL-CURRENT C.5.4
+ * #2) while it runs — unless it runs inside another step's body, which counts
+ * for it.
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const inFlight = <A, E, R>(
+  suspension: Suspension.Suspension,
+  step: Effect.Effect<A, E, R>
+): Effect.Effect<A, E, R> =>
+  Effect.withFiber((fiber) => {
+    if (fiber.getRef(Suspension.InStepBody)) return step
+    suspension.enter()
+    return Effect.onExit(step, () => suspension.exit)
+  })
+
+const runStep = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>
+): Effect.Effect<A, StepError | F, R | RS | RF> => {
   const submission: Submission = {
     kind: options.kind,
     target: options.target,
@@ -587,7 +634,7 @@ const proceedOrReplay = <A, E, R, I, RS, F, FI, RF>(
   return Effect.matchCauseEffect(
     Effect.suspend(() =>
       options.body({ stepId, kind: options.kind, target: options.target, idempotency: submission.idempotency })
-    ),
+    ).pipe(Suspension.isEnabled() ? Effect.provideService(Suspension.InStepBody, true) : identity),
     {
       onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
       onSuccess: (value) => record(execution, options, stepId, value)
@@ -628,8 +675,14 @@ const recordEncoded = <A>(
     : recordFailure(execution, target, stepId, `result is not JSON at ${checked.path}: ${checked.reason}`)
 }
 
-/** Fail the step with `{"message": …}` and raise the ToolError a replay would raise. */
-const recordFailure = (
+/**
+ * Fail the step with `{"message": …}` and raise the ToolError a replay would raise.
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const recordFailure = (
   execution: Execution.Service,
   target: string,
   stepId: string,

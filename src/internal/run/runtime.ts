@@ -14,6 +14,7 @@ import type { Caller, KernelClient } from "../../KernelClient.js"
 import type * as Protocol from "../../Protocol.js"
 import { Abandoned, LeaseSuperseded, Terminated } from "../../RebunoError.js"
 import { stringifyStrict } from "../wire/json.js"
+import * as Suspension from "./suspension.js"
 import type { KernelError, RunSignal } from "../../RebunoError.js"
 
 /**
@@ -24,11 +25,21 @@ import type { KernelError, RunSignal } from "../../RebunoError.js"
  * @category internal
  * @internal
  */
-export interface RunClient extends Omit<KernelClient.Service, "getExecution"> {
+export interface RunClient extends Omit<KernelClient.Service, "getExecution" | "previous" | "getStep"> {
   readonly getExecution: (
     caller: { readonly agentId: string },
     executionId: string
   ) => Effect.Effect<Protocol.Execution, KernelError | LeaseSuperseded>
+  readonly previous?:
+    | ((caller: { readonly agentId: string }, executionId: string) => Effect.Effect<unknown, KernelError | LeaseSuperseded>)
+    | undefined
+  readonly getStep?:
+    | ((
+      caller: { readonly agentId: string },
+      executionId: string,
+      stepId: string
+    ) => Effect.Effect<Protocol.Step, KernelError | LeaseSuperseded>)
+    | undefined
   /**
    * Fail a step with a whole error object (`{"message":…}` plus, for typed
    * failures, `"failure":…`); only `message` is recorded when the failure does
@@ -92,6 +103,8 @@ export interface RunState {
   readonly attach: (fiber: Fiber.Fiber<unknown, unknown>) => void
   /** Set once the run has started posting its outcome (heartbeat answers then no longer stop it). */
   readonly finishing: Ref.Ref<boolean>
+  /** The steps in flight, for a subagent's suspension (PROTOCOL-CURRENT C.5.4). */
+  readonly suspension: Suspension.Suspension
 }
 
 const stopsTheRun = (signal: RunSignal): boolean => signal instanceof LeaseSuperseded || signal instanceof Abandoned
@@ -131,7 +144,7 @@ export const makeRunState = Effect.fnUntraced(function*(
     fiber = running
     if (isStopped) interruptRun()
   }
-  return { executionId, caller, client, signal, stopped, raise, close, finishing, attach }
+  return { executionId, caller, client, signal, stopped, raise, close, finishing, attach, suspension: Suspension.make() }
 })
 
 const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>
@@ -159,10 +172,19 @@ const scopedClient = (
         ? Effect.tapError(call(), recordSignal)
         : call()
     )
+  const { getStep, previous, publishMetadata, suspend } = kernel
   return {
     secret: kernel.secret,
     unguarded: { isStopped, kernel },
+    signingScheme: kernel.signingScheme,
+    observeWebhook: kernel.observeWebhook,
     getExecution: (caller, executionId) => guard(() => kernel.getExecution(caller, executionId)),
+    previous: previous === undefined ? undefined : (caller, executionId) => guard(() => previous(caller, executionId)),
+    getStep: getStep === undefined ?
+      undefined :
+      (caller, executionId, stepId) => guard(() => getStep(caller, executionId, stepId)),
+    suspend: suspend === undefined ? undefined : (caller, executionId) => guard(() => suspend(caller, executionId)),
+    publishMetadata,
     submitStep: (caller, executionId, submission) => guard(() => kernel.submitStep(caller, executionId, submission)),
     completeStep: (caller, executionId, stepId, resultJson) =>
       guard(() => kernel.completeStep(caller, executionId, stepId, resultJson)),
@@ -181,8 +203,12 @@ const scopedClient = (
       Effect.suspend(() => isStopped() ? Effect.void : kernel.publishDelta(caller, executionId, stepId, seq, data)),
     // The heartbeat loop decides itself what a lease_superseded answer means (5.8).
     heartbeat: (caller, executionId) => guard(() => kernel.heartbeat(caller, executionId), false),
-    completeExecution: (caller, executionId, outputJson) =>
-      guard(() => kernel.completeExecution(caller, executionId, outputJson)),
+    completeExecution: (caller, executionId, outputJson, stateJson) =>
+      guard(() =>
+        stateJson === undefined ?
+          kernel.completeExecution(caller, executionId, outputJson) :
+          kernel.completeExecution(caller, executionId, outputJson, stateJson)
+      ),
     failExecution: (caller, executionId, reason) => guard(() => kernel.failExecution(caller, executionId, reason))
   }
 }

@@ -9,8 +9,8 @@
 import * as Result from "effect/Result"
 import * as Policy from "../Policy.js"
 import { goQuote } from "./goQuote.js"
-import type { AgentRecord } from "./model.js"
-import { KernelFailure, validation } from "./model.js"
+import type { AgentMetadata, AgentRecord, Stage } from "./model.js"
+import { KernelFailure, notFound, validation } from "./model.js"
 
 const utf8 = new TextEncoder()
 const compareBytes = (a: string, b: string): number => {
@@ -31,7 +31,8 @@ export class AgentTable {
   private readonly byId = new Map<string, AgentRecord>()
 
   /**
-   * Upsert an agent. A non-empty `policyBundle` is validated; an invalid one fails
+   * Upsert an agent. A non-empty `policyBundle` is validated in the language
+   * of `stage` (PROTOCOL 10.2, PROTOCOL-CURRENT C.8.6); an invalid one fails
    * with `400 validation_error` and the message
    * `agent "<id>": invalid policy bundle: <detail>` (the manifest wording, 4.2).
    */
@@ -43,12 +44,13 @@ export class AgentTable {
       readonly policyBundle?: string | undefined
       readonly leaseTimeoutSeconds?: number | undefined
     },
-    now: number
+    now: number,
+    stage: Stage = "current"
   ): AgentRecord | KernelFailure {
     let policy: Policy.Bundle | undefined
     const bundle = a.policyBundle ?? ""
     if (bundle !== "") {
-      const parsed = Policy.parseBundle(bundle)
+      const parsed = Policy.parseBundle(bundle, { stage })
       if (Result.isFailure(parsed)) {
         return validation("agent " + goQuote(a.id) + ": invalid policy bundle: " + parsed.failure)
       }
@@ -63,10 +65,21 @@ export class AgentTable {
       registeredAtMs: now,
       leaseTimeoutMs: a.leaseTimeoutSeconds !== undefined && a.leaseTimeoutSeconds >= 10
         ? a.leaseTimeoutSeconds * 1000
-        : undefined
+        : undefined,
+      metadata: this.byId.get(a.id)?.metadata
     }
     this.byId.set(a.id, record)
     return record
+  }
+
+  /**
+   * PROTOCOL-CURRENT C.3.3: store what the agent published, replacing any
+   * earlier metadata; `404` for an unknown agent.
+   */
+  setMetadata(id: string, metadata: AgentMetadata): void | KernelFailure {
+    const agent = this.byId.get(id)
+    if (agent === undefined) return notFound()
+    this.byId.set(id, { ...agent, metadata })
   }
 
   get(id: string): AgentRecord | undefined {
@@ -86,11 +99,14 @@ export class AgentTable {
     this.byId.delete(id)
   }
 
-  /** PROTOCOL 11.10: validation (400) before the agent lookup (404); `""` removes. */
-  loadPolicy(agentId: string, bundle: string): void | KernelFailure {
+  /**
+   * PROTOCOL 11.10: validation (400, in the language of `stage`) before the
+   * agent lookup (404); `""` removes.
+   */
+  loadPolicy(agentId: string, bundle: string, stage: Stage = "current"): void | KernelFailure {
     let policy: Policy.Bundle | undefined
     if (bundle !== "") {
-      const parsed = Policy.parseBundle(bundle)
+      const parsed = Policy.parseBundle(bundle, { stage })
       if (Result.isFailure(parsed)) {
         return validation("load policy bundle: validation error: invalid policy bundle: " + parsed.failure)
       }

@@ -2,7 +2,9 @@
  * Approvals in the kernel core (PROTOCOL 9): a `require_approval` decision
  * requests one and blocks the execution (9.1), a human grants or denies it
  * (9.3, with the approver check), or it expires (9.4); a decided or expired
- * approval settles its step and resumes the execution with a new dispatch.
+ * approval settles its step and resumes the execution with a new dispatch —
+ * in the current stage only when no other step still waits (PROTOCOL-CURRENT
+ * C.5.3, C.8.7).
  *
  * @since 0.1.0
  * @internal
@@ -81,7 +83,7 @@ const resumeDenied = (
     status === "denied" ? { status, decidedAtMs: now, rationale, decidedBy } : { status, decidedAtMs: now, rationale }
   )
   step.set("denied", step.resultRaw, error, step.startedAtMs, now)
-  Lifecycle.resume(state, ex, now)
+  Lifecycle.resumeIfIdle(state, ex, now)
 }
 
 /**
@@ -131,7 +133,7 @@ export const decide = (
     decidedBy: d.decidedBy
   })
   step.set("allowed", step.resultRaw, step.errorRaw, step.startedAtMs, step.completedAtMs)
-  Lifecycle.resume(state, ex, now)
+  Lifecycle.resumeIfIdle(state, ex, now)
 }
 
 /**

@@ -86,15 +86,21 @@ export class DispatchQueue {
   /** `signal` gets a wake-up whenever a dispatch is enqueued (it may drop them). */
   constructor(private readonly signal: Queue.Queue<void>) {}
 
-  /** A new pending dispatch of attempt 0, due at `now`. */
-  enqueue(executionId: string, now: number, maxAttempts: number, leaseTimeoutMs: number): DispatchState {
+  /** A new pending dispatch of attempt 0, due at `dueAtMs` (default `now`). */
+  enqueue(
+    executionId: string,
+    now: number,
+    maxAttempts: number,
+    leaseTimeoutMs: number,
+    dueAtMs: number = now
+  ): DispatchState {
     const d: DispatchState = {
       id: uuidv7(now),
       executionId,
       status: "pending",
       attempt: 0,
       maxAttempts,
-      nextAttemptAtMs: now,
+      nextAttemptAtMs: dueAtMs,
       lockedAtMs: undefined,
       leaseTimeoutMs,
       counters: new Counters(),

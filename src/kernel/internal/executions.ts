@@ -2,7 +2,9 @@
  * The executions of the kernel core: each execution's record with its event
  * log, steps, dispatches and approvals, the id order used for listing
  * (PROTOCOL 11.3), the set of executions with a live deadline, and status
- * changes. The transitions between statuses live in `lifecycle`.
+ * changes; in the current stage also the sessions with their members and
+ * pending queues, and the executions by idempotency key (PROTOCOL-CURRENT
+ * C.4). The transitions between statuses live in `lifecycle`.
  *
  * @since 0.1.0
  * @internal
@@ -31,6 +33,36 @@ export interface ExecState {
   readonly approvals: Array<string>
   /** Counter keys of steps failed with reason `indeterminate` (7.3 step 10). */
   indeterminate: Set<string> | undefined
+  /**
+   * The `state` of its `complete`, when one was sent and not `null`
+   * (PROTOCOL-CURRENT C.4.5); read by `previous` (C.4.6), shown nowhere else.
+   */
+  stateRaw: string | undefined
+  /** The subagents it created, oldest first (C.5.1); `undefined` until the first. */
+  children: Array<ExecState> | undefined
+  /**
+   * Whether it takes its session's head as parent when it starts (C.4.3 step
+   * 1): a session execution without an explicit parent that is not a fork.
+   */
+  followsHead: boolean
+}
+
+/**
+ * The executions of one session (PROTOCOL-CURRENT C.4.4), which run one at a
+ * time: every member in creation order, and the `pending` ones waiting for
+ * admission, oldest first.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface SessionState {
+  readonly members: Array<ExecState>
+  /** Pending members in creation order; entries that left `pending` are skipped, then dropped. */
+  readonly queue: Array<ExecState>
+  /** The member started last: the only one that can be running or blocked. */
+  active: ExecState | undefined
+  /** Set while an admission runs, so that an end it causes does not start another one. */
+  admitting: boolean
 }
 
 /** Lower bound: first index whose id is ≥ `id`. */
@@ -45,6 +77,8 @@ const lowerBound = (ids: ReadonlyArray<string>, id: string): number => {
   return lo
 }
 
+const keyOf = (agentId: string, key: string): string => agentId.length + ":" + agentId + key
+
 const clampLimit = (limit: number, fallback: number, max: number): number =>
   !Number.isFinite(limit) || limit <= 0 ? fallback : limit > max ? max : Math.floor(limit)
 
@@ -58,8 +92,18 @@ export class ExecutionTable {
   private readonly ids: Array<string> = []
   /** Non-terminal executions with a deadline. */
   readonly deadlines = new Map<string, ExecState>()
+  /** Sessions by label (PROTOCOL-CURRENT C.4.4). */
+  readonly sessions = new Map<string, SessionState>()
+  /** Labels of the sessions whose queue may hold a pending execution (the admission sweep's work list). */
+  readonly queued = new Set<string>()
+  /** Executions by agent and idempotency key (PROTOCOL-CURRENT C.4.1 step 4). */
+  private readonly keys = new Map<string, ExecState>()
 
-  /** Add an execution with this record (its id not taken yet) and nothing else. */
+  /**
+   * Add an execution with this record (its id not taken yet), as a member of
+   * its session (queued when `pending`) and under its idempotency key; no
+   * events, no dispatch.
+   */
   add(record: ExecutionRecord): ExecState {
     const id = record.id
     const ex: ExecState = {
@@ -69,13 +113,34 @@ export class ExecutionTable {
       order: [],
       dispatches: [],
       approvals: [],
-      indeterminate: undefined
+      indeterminate: undefined,
+      stateRaw: undefined,
+      children: undefined,
+      followsHead: false
     }
     this.byId.set(id, ex)
     const at = lowerBound(this.ids, id)
     if (at === this.ids.length) this.ids.push(id)
     else this.ids.splice(at, 0, id)
+    if (record.session !== undefined) {
+      let session = this.sessions.get(record.session)
+      if (session === undefined) {
+        session = { members: [], queue: [], active: undefined, admitting: false }
+        this.sessions.set(record.session, session)
+      }
+      session.members.push(ex)
+      if (record.status === "pending") {
+        session.queue.push(ex)
+        this.queued.add(record.session)
+      }
+    }
+    if (record.idempotencyKey !== undefined) this.keys.set(keyOf(record.agentId, record.idempotencyKey), ex)
     return ex
+  }
+
+  /** The execution of this agent created with this idempotency key (C.4.1 step 4). */
+  byKey(agentId: string, key: string): ExecState | undefined {
+    return this.keys.get(keyOf(agentId, key))
   }
 
   /** A new record with this status, updated at `now`; a terminal execution leaves the deadline set. */
@@ -86,19 +151,7 @@ export class ExecutionTable {
     outputRaw: string | undefined = ex.record.outputRaw,
     failureReason: string = ex.record.failureReason
   ): void {
-    const r = ex.record
-    ex.record = {
-      id: r.id,
-      agentId: r.agentId,
-      agentVersion: r.agentVersion,
-      inputRaw: r.inputRaw,
-      status,
-      outputRaw,
-      failureReason,
-      createdAtMs: r.createdAtMs,
-      updatedAtMs: now,
-      deadlineAtMs: r.deadlineAtMs
-    }
+    ex.record = { ...ex.record, status, outputRaw, failureReason, updatedAtMs: now }
     if (isTerminalExecution(status)) this.deadlines.delete(ex.record.id)
   }
 
@@ -108,8 +161,12 @@ export class ExecutionTable {
     readonly status: string
     readonly cursor: string | undefined
     readonly limit: number
+    /** PROTOCOL-CURRENT C.4.7: exact session; `""` or absent = any. */
+    readonly session?: string | undefined
   }): ExecutionPage {
     const limit = clampLimit(q.limit, 50, 200)
+    const session = q.session ?? ""
+    if (session !== "" && !this.sessions.has(session)) return { executions: [], nextCursor: undefined }
     let index = q.cursor === undefined ? this.ids.length : lowerBound(this.ids, q.cursor.toLowerCase())
     const page: Array<ExecutionRecord> = []
     let nextCursor: string | undefined
@@ -117,6 +174,7 @@ export class ExecutionTable {
       const record = this.byId.get(this.ids[index]!)!.record
       if (q.agentId !== "" && record.agentId !== q.agentId) continue
       if (q.status !== "" && record.status !== q.status) continue
+      if (session !== "" && record.session !== session) continue
       if (page.length === limit) {
         nextCursor = page[page.length - 1]!.id
         break

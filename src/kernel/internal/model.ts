@@ -23,9 +23,32 @@ export class KernelFailure extends Schema.TaggedError<KernelFailure>("effect-reb
   {
     status: Schema.Number,
     code: Schema.String,
-    message: Schema.String
+    message: Schema.String,
+    /**
+     * Raw JSON text of the envelope's optional `details` member
+     * (PROTOCOL-CURRENT C.10); absent in the seed and v0.14.0 envelopes.
+     */
+    details: Schema.optional(Schema.String)
   }
 ) {}
+
+/**
+ * The protocol stage a kernel speaks: `"current"` (PROTOCOL-CURRENT, the
+ * default), `"seed"` (PROTOCOL.md with dispatch attempts and fencing) or
+ * `"v0.14.0"` (the reference kernel v0.14.0: no attempts, no fencing, 17.A).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Stage = "current" | "seed" | "v0.14.0"
+
+/**
+ * Every {@link Stage}, in order from newest to oldest.
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const stages: ReadonlyArray<Stage> = ["current", "seed", "v0.14.0"]
 
 /**
  * Kernel settings. Durations in milliseconds.
@@ -42,12 +65,20 @@ export interface Settings {
   readonly approvalTimeoutMs: number
   /** Execution deadline; `undefined` = off (default). */
   readonly deadlineMs: number | undefined
-  /** `"v0.14.0"` emulates a kernel without attempts and fencing (PROTOCOL 17.A). */
-  readonly compat: "target" | "v0.14.0"
+  /**
+   * The protocol stage (default `"current"`); `"v0.14.0"` emulates a kernel
+   * without attempts and fencing (PROTOCOL 17.A).
+   */
+  readonly stage: Stage
   /** Simulate rate-limiter errors (PROTOCOL 10.5, 16.4). */
   readonly limiterError: boolean
   /** Random source in `[0, 1)` for backoff jitter. */
   readonly random: () => number
+  /**
+   * The judge asked by `judge` rules (PROTOCOL-CURRENT C.8.6); without one
+   * they deny with reason `judge not configured` (default).
+   */
+  readonly judge?: Policy.Judge | undefined
 }
 
 /**
@@ -61,7 +92,7 @@ export const defaultSettings: Settings = {
   maxAttempts: 5,
   approvalTimeoutMs: 900_000,
   deadlineMs: undefined,
-  compat: "target",
+  stage: "current",
   limiterError: false,
   random: Math.random
 }
@@ -71,6 +102,22 @@ export const defaultSettings: Settings = {
  * @category models
  */
 export type DispatchStatus = "pending" | "in_flight" | "failed" | "exhausted"
+
+/**
+ * What an agent publishes about itself with `PUT /v0/agents/{id}/metadata`
+ * (PROTOCOL-CURRENT C.3): each member `null` when unknown; the schemas are
+ * stored as compacted JSON text.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface AgentMetadata {
+  readonly description: string | null
+  /** Raw JSON text of the input JSON Schema (an object), or `null`. */
+  readonly inputSchemaRaw: string | null
+  /** Raw JSON text of the output JSON Schema (an object), or `null`. */
+  readonly outputSchemaRaw: string | null
+}
 
 /**
  * A registered agent (PROTOCOL 4.1).
@@ -89,6 +136,75 @@ export interface AgentRecord {
   readonly registeredAtMs: number
   /** Per-agent lease timeout (manifest `lease_timeout_seconds` ≥ 10). */
   readonly leaseTimeoutMs: number | undefined
+  /**
+   * The metadata the agent published (PROTOCOL-CURRENT C.3); `undefined`
+   * until it does. Kept when the agent is registered again.
+   */
+  readonly metadata?: AgentMetadata | undefined
+}
+
+/**
+ * A scope of an API key (PROTOCOL-CURRENT C.9.1).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Scope =
+  | "executions:read"
+  | "executions:write"
+  | "approvals:read"
+  | "approvals:write"
+  | "agents:read"
+  | "agents:write"
+  | "policies:write"
+  | "api_keys:manage"
+
+/**
+ * Every {@link Scope} (PROTOCOL-CURRENT C.9.1).
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const scopes: ReadonlyArray<Scope> = [
+  "executions:read",
+  "executions:write",
+  "approvals:read",
+  "approvals:write",
+  "agents:read",
+  "agents:write",
+  "policies:write",
+  "api_keys:manage"
+]
+
+/**
+ * A scoped API key (PROTOCOL-CURRENT C.9.2). Only the SHA-256 of its token
+ * is kept; the token itself is shown once, on create and rotate.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ApiKeyRecord {
+  /** A UUID, the `<key id>` of the token. */
+  readonly id: string
+  readonly name: string
+  /** Sorted, without duplicates. */
+  readonly scopes: ReadonlyArray<Scope>
+  readonly createdAtMs: number
+  readonly revokedAtMs: number | undefined
+  /** Lowercase hex SHA-256 of the whole token. */
+  readonly tokenHash: string
+}
+
+/**
+ * An API key with its token, as create and rotate answer it.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface IssuedApiKey {
+  readonly key: ApiKeyRecord
+  /** `rbk_<key id>.<43 characters of unpadded base64url>`. */
+  readonly token: string
 }
 
 /**
@@ -109,6 +225,25 @@ export interface ExecutionRecord {
   readonly createdAtMs: number
   readonly updatedAtMs: number
   readonly deadlineAtMs: number | undefined
+  /** The session label (PROTOCOL-CURRENT C.4); absent when none. */
+  readonly session?: string | undefined
+  /** The explicit parent, or the session head it started after (C.4.3). */
+  readonly parentExecutionId?: string | undefined
+  /** The idempotency key of its create (C.4.1); absent when none. */
+  readonly idempotencyKey?: string | undefined
+  /** The parent step that created it as a subagent (C.5.1). */
+  readonly spawnedBy?: SpawnedBy | undefined
+}
+
+/**
+ * The parent execution and step a subagent was created by (PROTOCOL-CURRENT C.5.1).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface SpawnedBy {
+  readonly executionId: string
+  readonly stepId: string
 }
 
 /**
@@ -219,6 +354,8 @@ export interface Decision {
   readonly errorRaw?: string
   readonly approvalId?: string
   readonly reason?: string
+  /** PROTOCOL-CURRENT C.8.4: the deciding rule of a `denied` answer (current stage only). */
+  readonly ruleId?: string
 }
 
 /**
@@ -299,6 +436,16 @@ export const leaseSuperseded = (): KernelFailure =>
  */
 export const executionTerminal = (): KernelFailure =>
   new KernelFailure({ status: 409, code: "execution_terminal", message: "execution terminal" })
+
+/**
+ * `403 forbidden`: a scope the principal lacks, another agent's execution or
+ * metadata (PROTOCOL-CURRENT C.9).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const forbidden = (): KernelFailure =>
+  new KernelFailure({ status: 403, code: "forbidden", message: "forbidden" })
 
 /**
  * `409 conflict`: an id already taken, an approval already decided.

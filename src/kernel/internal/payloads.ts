@@ -24,13 +24,25 @@ export const executionPayload = (
     readonly deadlineAt?: string | undefined
     readonly output?: string | undefined
     readonly reason?: string | undefined
+    /** PROTOCOL-CURRENT C.4.3: on `execution.started`. */
+    readonly parentExecutionId?: string | undefined
+    /** PROTOCOL-CURRENT C.4.2, C.4.3: on `execution.created` and `execution.started`. */
+    readonly session?: string | undefined
+    /** PROTOCOL-CURRENT C.5.1: on a subagent's `execution.created`. */
+    readonly spawnedBy?: { readonly executionId: string; readonly stepId: string } | undefined
   }
 ): string => {
   let out = "{"
   if (options?.deadlineAt !== undefined) out += "\"deadline_at\":" + quoteString(options.deadlineAt) + ","
   out += "\"execution_id\":" + id(executionId)
   if (options?.output !== undefined) out += ",\"output\":" + options.output
+  if (options?.parentExecutionId !== undefined) out += ",\"parent_execution_id\":" + id(options.parentExecutionId)
   if (options?.reason !== undefined && options.reason !== "") out += ",\"reason\":" + quoteString(options.reason)
+  if (options?.session !== undefined) out += ",\"session\":" + quoteString(options.session)
+  if (options?.spawnedBy !== undefined) {
+    out += ",\"spawned_by\":{\"execution_id\":" + id(options.spawnedBy.executionId) + ",\"step_id\":" +
+      quoteString(options.spawnedBy.stepId) + "}"
+  }
   return out + ",\"status\":" + quoteString(status) + "}"
 }
 
@@ -42,6 +54,12 @@ export interface StepPayloadOptions {
   readonly error?: string | undefined
   readonly ruleId?: string | undefined
   readonly omitEmptyTarget?: boolean | undefined
+  /** PROTOCOL-CURRENT C.8.4: the deciding bundle's hash (omitted when empty). */
+  readonly policyHash?: string | undefined
+  /** PROTOCOL-CURRENT C.8.4: the decision's reason (omitted when empty). */
+  readonly reason?: string | undefined
+  /** PROTOCOL-CURRENT C.8.5: `{"input_tokens":…,"output_tokens":…}` on `step.succeeded`. */
+  readonly usage?: string | undefined
 }
 
 /**
@@ -56,9 +74,12 @@ export const stepPayload = (
 ): string => {
   let out = "{"
   if (options?.error !== undefined) out += "\"error\":" + options.error + ","
+  if (options?.policyHash !== undefined && options.policyHash !== "") out += "\"policy_hash\":" + id(options.policyHash) + ","
+  if (options?.reason !== undefined && options.reason !== "") out += "\"reason\":" + quoteString(options.reason) + ","
   if (options?.ruleId !== undefined && options.ruleId !== "") out += "\"rule_id\":" + quoteString(options.ruleId) + ","
   out += "\"step_id\":" + id(stepId) + ",\"step_type\":" + quoteString(kind)
   if (!(options?.omitEmptyTarget === true && target === "")) out += ",\"target\":" + quoteString(target)
+  if (options?.usage !== undefined) out += ",\"usage\":" + options.usage
   return out + "}"
 }
 

@@ -9,6 +9,7 @@
  */
 import type * as RateLimiter from "../RateLimiter.js"
 import type { AgentTable } from "./agents.js"
+import type { ApiKeyTable } from "./apiKeys.js"
 import type { ApprovalTable } from "./approvalTable.js"
 import type { DispatchQueue } from "./dispatchQueue.js"
 import type { ExecutionTable } from "./executions.js"
@@ -25,6 +26,8 @@ export interface CoreState {
   readonly dispatches: DispatchQueue
   readonly approvals: ApprovalTable
   readonly limiter: RateLimiter.RateLimiter
+  /** Scoped API keys (PROTOCOL-CURRENT C.9). */
+  readonly apiKeys: ApiKeyTable
 }
 
 /**
@@ -33,4 +36,14 @@ export interface CoreState {
  * @since 0.1.0
  * @internal
  */
-export const compatMode = (state: CoreState): boolean => state.settings.compat === "v0.14.0"
+export const compatMode = (state: CoreState): boolean => state.settings.stage === "v0.14.0"
+
+/**
+ * Whether the core speaks the current stage (PROTOCOL-CURRENT): every
+ * behaviour of C.2–C.12 is gated on it, so the seed and v0.14.0 stages keep
+ * behaving exactly as before.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const isCurrent = (state: CoreState): boolean => state.settings.stage === "current"

@@ -37,6 +37,8 @@ export class StepState {
   errorRaw: string | undefined = undefined
   startedAtMs: number | undefined = undefined
   completedAtMs: number | undefined = undefined
+  /** Tokens recorded on a succeeded `llm_call` step (PROTOCOL-CURRENT C.8.5), summed by budgets. */
+  usage: { readonly inputTokens: number; readonly outputTokens: number } | undefined = undefined
 
   /** Its status and outcome from now on. */
   set(

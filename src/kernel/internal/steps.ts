@@ -1,16 +1,21 @@
 /**
- * Steps in the kernel core: the submit algorithm (PROTOCOL 7.3) with step
- * identity and per-dispatch occurrence counters (8.2, 8.4), the answer for an
- * existing step (7.4), policy and rate limits for a new one and how it is
- * recorded (7.5), and settling a step as succeeded or failed (6.4, 6.5).
+ * Steps in the kernel core: the submit algorithm (PROTOCOL 7.3; C.8.1 in the
+ * current stage) with step identity and per-dispatch occurrence counters
+ * (8.2, 8.4), the answer for an existing step (7.4, C.8.2), policy and rate
+ * limits for a new one and how it is recorded (7.5, C.8.3–C.8.6), and
+ * settling a step as succeeded or failed (6.4, 6.5; `usage`, C.8.5). The
+ * current stage's decision path lives in `decisions`.
  *
  * @since 0.1.0
  * @internal
  */
+import * as Clock from "effect/Clock"
+import * as Effect from "effect/Effect"
 import * as StepId from "../../StepId.js"
 import * as Policy from "../Policy.js"
 import * as RateLimiter from "../RateLimiter.js"
 import * as Approvals from "./approvals.js"
+import * as Decisions from "./decisions.js"
 import type { DispatchState } from "./dispatchQueue.js"
 import type { ExecState } from "./executions.js"
 import { flat } from "./flat.js"
@@ -25,9 +30,10 @@ import {
 } from "./model.js"
 import * as Payload from "./payloads.js"
 import type { CoreState } from "./state.js"
-import { compatMode } from "./state.js"
+import { compatMode, isCurrent } from "./state.js"
 import { StepState } from "./stepState.js"
 import { compactRaw, deniedReason, isIndeterminateError } from "./storedJson.js"
+import * as Usage from "./usage.js"
 
 /**
  * A step submission as the routes decode it (7.3). `argsRaw` is the raw text
@@ -41,6 +47,8 @@ export interface Submission {
   readonly target: string
   readonly argsRaw: string | undefined
   readonly idempotency: string
+  /** Declared resource keys (current stage, PROTOCOL-CURRENT C.6.4); absent = none. */
+  readonly resources?: ReadonlyArray<string> | undefined
 }
 
 const counterKey = (kind: string, target: string, argsHash: string): string =>
@@ -120,7 +128,9 @@ const replayExisting = (
       }
       return withStepId("proceed", step.stepId)
     case "denied":
-      return { decision: "denied", stepId: step.stepId, reason: deniedReason(step.errorRaw) }
+      return isCurrent(state)
+        ? Decisions.deniedReplay(step)
+        : { decision: "denied", stepId: step.stepId, reason: deniedReason(step.errorRaw) }
     default:
       return withStepId("proceed", step.stepId)
   }
@@ -131,17 +141,28 @@ const replayExisting = (
  * checks in compat mode), step identity, an existing step (7.4), a blocked
  * execution, policy, rate limit, and recording the new step (7.5).
  *
- * @since 0.1.0
- * @internal
+ * The current stage follows C.8.1 instead: the kind is checked with the
+ * body, `args` must canonicalise, declared resources are checked for a new
+ * step, the policy may be a `judge` rule, a rate limit may park the
+ * execution, a token budget may turn an `allow` around, and every decision
+ * event carries its reason and `policy_hash`. A `judge` rule stops the
+ * submission before anything is recorded ({@link Decisions.JudgeCall}); it is
+ * submitted again with the judge's outcome (`judged`).
  */
-export const submit = (
+const submitWith = (
   state: CoreState,
   now: number,
   executionId: string,
   lease: Lease,
-  s: Submission
-): Decision | KernelFailure => {
+  s: Submission,
+  judged: Decisions.Judged | undefined
+): Decision | KernelFailure | Decisions.JudgeCall => {
   const idempotency = s.idempotency === "" ? "safe_to_retry" : s.idempotency
+  const current = isCurrent(state)
+  if (current) {
+    const badKind = Decisions.checkKind(s.kind)
+    if (badKind !== undefined) return badKind
+  }
   const compat = compatMode(state)
   const ex = state.executions.byId.get(executionId)
   if (compat && ex !== undefined) state.dispatches.touchAll(ex.dispatches, now)
@@ -163,7 +184,13 @@ export const submit = (
   const expected = ex.order[d.counters.cursor]
   const same = expected !== undefined && expected.submittedArgsRaw === s.argsRaw && expected.kind === s.kind &&
     expected.target === s.target
-  const argsHash = same ? expected.argsHash : StepId.argsHash(s.argsRaw)
+  let argsHash: string
+  if (same) argsHash = expected.argsHash
+  else if (current) {
+    const checked = Decisions.argsHash(s.argsRaw)
+    if (checked instanceof KernelFailure) return checked
+    argsHash = checked
+  } else argsHash = StepId.argsHash(s.argsRaw)
   const counter = d.counters.counter(s.kind, s.target, argsHash)
   const occurrence = counter.last + 1
   const stepId = same && expected.occurrence === occurrence
@@ -178,22 +205,39 @@ export const submit = (
     return decision
   }
   if (ex.record.status === "blocked") return EXECUTION_BLOCKED
+  if (current) {
+    const badResource = Decisions.checkResources(s.kind, s.resources)
+    if (badResource !== undefined) return badResource
+  }
 
   let result: Policy.PolicyResult
   if (idempotency === "at_most_once" && ex.indeterminate?.has(counterKey(s.kind, s.target, argsHash)) === true) {
     result = indeterminateRetry
+  } else if (current) {
+    result = Decisions.evaluate(state, ex, s.kind, s.target, s.argsRaw)
+    if (result.decision === "judge") {
+      const judgedResult = Decisions.resolveJudge(state, ex, stepId, s.kind, s.target, s.argsRaw, result, judged)
+      if (judgedResult instanceof Decisions.JudgeCall) return judgedResult
+      result = judgedResult
+    }
   } else {
     const agent = state.agents.get(ex.record.agentId)
-    result = agent === undefined ? agentLookupFailed : Policy.evaluate(agent.policy, {
-      agentId: ex.record.agentId,
-      kind: s.kind,
-      target: s.target,
-      argsRaw: s.argsRaw
-    })
+    const input = { agentId: ex.record.agentId, kind: s.kind, target: s.target, argsRaw: s.argsRaw }
+    result = agent === undefined
+      ? agentLookupFailed
+      : agent.policy?.policyHash === undefined
+      ? Policy.evaluate(agent.policy, input)
+      : Decisions.evaluateSeedStale(agent, input)
   }
 
   const limit = result.rateLimit
-  if (limit !== undefined && limit.maxCalls > 0 && limit.windowMs > 0) {
+  if (current) {
+    if (RateLimiter.isActive(limit)) {
+      const limited = Decisions.rateLimit(state, ex, { stepId, kind: s.kind, target: s.target }, result, now)
+      if (limited !== undefined) return limited
+    }
+    result = Decisions.applyBudget(state, ex, result)
+  } else if (limit !== undefined && limit.maxCalls > 0 && limit.windowMs > 0) {
     if (state.settings.limiterError) {
       if (limit.onLimiterError === "deny") return LIMITER_UNAVAILABLE
     } else if (
@@ -226,16 +270,28 @@ export const submit = (
       created.set("executing", undefined, undefined, now, undefined)
       addStep(ex, d, created)
       ex.events.pushStep("step.proposed", now, created)
-      ex.events.pushStep("step.allowed", now, created, { ruleId: result.ruleId })
+      ex.events.pushStep(
+        "step.allowed",
+        now,
+        created,
+        current ? { ruleId: result.ruleId, reason: result.reason, policyHash: result.policyHash } : { ruleId: result.ruleId }
+      )
       ex.events.pushStep("step.executing", now, created)
       decision = withStepId("proceed", stepId)
       break
     }
     case "deny": {
-      const error = Payload.denialError(result.reason || "policy_denied", result.ruleId)
+      const reason = result.reason || "policy_denied"
+      const error = Payload.denialError(reason, result.ruleId)
       created.set("denied", undefined, error, undefined, now)
       addStep(ex, d, created)
       ex.events.pushStep("step.proposed", now, created)
+      if (current) {
+        // C.8.4: the answer always carries the reason and the rule
+        ex.events.pushStep("step.denied", now, created, { error, ruleId: result.ruleId, policyHash: result.policyHash })
+        decision = { decision: "denied", stepId, reason, ruleId: result.ruleId }
+        break
+      }
       ex.events.pushStep("step.denied", now, created, { error, ruleId: result.ruleId, omitEmptyTarget: true })
       decision = result.reason === ""
         ? withStepId("denied", stepId)
@@ -246,7 +302,12 @@ export const submit = (
       created.set("awaiting_approval", undefined, undefined, undefined, undefined)
       addStep(ex, d, created)
       ex.events.pushStep("step.proposed", now, created)
-      ex.events.pushStep("step.awaiting_approval", now, created, { ruleId: result.ruleId })
+      ex.events.pushStep(
+        "step.awaiting_approval",
+        now,
+        created,
+        current ? { ruleId: result.ruleId, reason: result.reason, policyHash: result.policyHash } : { ruleId: result.ruleId }
+      )
       const approval = Approvals.request(state, ex, stepId, result.approval, now)
       decision = { decision: "blocked", stepId, approvalId: approval.id }
       break
@@ -262,10 +323,69 @@ export const submit = (
   return decision
 }
 
+const judgeLoopFailure = (): KernelFailure =>
+  new KernelFailure({ status: 500, code: "internal_error", message: "internal error" })
+
+/**
+ * PROTOCOL 7.3 (C.8.1 in the current stage) as one synchronous transition.
+ * A `judge` rule asks the configured judge synchronously
+ * ({@link Decisions.askNow}): a judge that must wait gives the rule's fallback.
+ *
+ * @since 0.1.0
+ * @internal
+ */
+export const submit = (
+  state: CoreState,
+  now: number,
+  executionId: string,
+  lease: Lease,
+  s: Submission
+): Decision | KernelFailure => {
+  const answer = submitWith(state, now, executionId, lease, s, undefined)
+  if (!(answer instanceof Decisions.JudgeCall)) return answer
+  const again = submitWith(state, now, executionId, lease, s, Decisions.askNow(state, answer))
+  return again instanceof Decisions.JudgeCall ? judgeLoopFailure() : again
+}
+
+/** A judge is asked at most this many times for one submission (the policy may change meanwhile). */
+const MAX_JUDGEMENTS = 3
+
+/**
+ * {@link submit} as an Effect, each half atomic at the time it runs: a
+ * `judge` rule (C.8.6) stops the first half before anything is recorded, the
+ * judge is asked without holding the core, and the submission runs again
+ * with its outcome — all checks included, since the execution may have moved
+ * meanwhile. Without a `judge` rule this is one transition, like
+ * {@link submit}.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const submitEffect = (
+  state: CoreState,
+  executionId: string,
+  lease: Lease,
+  s: Submission
+): Effect.Effect<Decision, KernelFailure> => {
+  const attempt = (judged: Decisions.Judged | undefined, round: number): Effect.Effect<Decision, KernelFailure> =>
+    Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      const answer = submitWith(state, now, executionId, lease, s, judged)
+      if (answer instanceof KernelFailure) return Effect.fail(answer)
+      if (!(answer instanceof Decisions.JudgeCall)) return Effect.succeed(answer)
+      if (round >= MAX_JUDGEMENTS) return Effect.fail(judgeLoopFailure())
+      return Effect.flatMap(Decisions.ask(state, answer), (outcome) => attempt(outcome, round + 1))
+    })
+  return attempt(undefined, 0)
+}
+
+const cannotRecord = (status: string): KernelFailure =>
+  new KernelFailure({ status: 409, code: "conflict", message: "conflict: cannot record outcome for step in status " + status })
+
 /**
  * 6.4 / 6.5: settle an executing step as `succeeded` (storing `raw` as its
  * result) or `failed` (as its error); a settled step replays what it stored.
- * The lease is CHECKed, not renewed (not in compat mode).
+ * The lease is CHECKed, not renewed (not in compat mode). In the current
+ * stage a step that is neither settled nor `executing` is `409 conflict`.
  *
  * @since 0.1.0
  * @internal
@@ -291,10 +411,19 @@ export const settle = (
       : { decision: "replay", errorRaw: stored }
   }
   if (!compatMode(state) && !state.dispatches.checkLease(executionId, lease)) return leaseSuperseded()
+  // PROTOCOL-CURRENT C.8.7: only an executing step takes an outcome.
+  if (step.status !== "executing" && isCurrent(state)) return cannotRecord(step.status)
   const value = compactRaw(raw)
   if (outcome === "succeeded") {
     step.set("succeeded", value, step.errorRaw, step.startedAtMs, now)
-    ex.events.pushStep("step.succeeded", now, step)
+    // C.8.5: the tokens of an LLM call go on the event and the step
+    const usage = step.kind === "llm_call" && isCurrent(state) ? Usage.extract(value) : undefined
+    if (usage === undefined) {
+      ex.events.pushStep("step.succeeded", now, step)
+    } else {
+      step.usage = usage
+      ex.events.pushStep("step.succeeded", now, step, { usage: Usage.toJson(usage) })
+    }
   } else {
     step.set("failed", step.resultRaw, value, step.startedAtMs, now)
     ex.events.pushStep("step.failed", now, step, { error: value })

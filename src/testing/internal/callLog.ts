@@ -62,10 +62,12 @@ export type CallCounts = Record<CallName, number>
 
 const noCalls = (): CallCounts => ({
   getExecution: 0,
+  previous: 0,
   submitStep: 0,
   completeStep: 0,
   failStep: 0,
   heartbeat: 0,
+  suspend: 0,
   completeExecution: 0,
   failExecution: 0
 })

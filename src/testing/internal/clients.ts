@@ -8,7 +8,7 @@
  * @since 0.2.0
  * @internal
  */
-import { Effect } from "effect"
+import { Effect, Redacted } from "effect"
 import { HttpClient } from "effect/http"
 import * as Client from "../../Client.js"
 import type * as Core from "../../kernel/Core.js"
@@ -37,6 +37,8 @@ export interface Clients {
   readonly client: Client.Client.Service
   /** An `HttpClient` that answers from the kernel's routes in-process. */
   readonly httpClient: HttpClient.HttpClient
+  /** A further `Client` over the same routes, sending `apiKey` as its bearer token (none: no header). */
+  readonly clientWith: (apiKey: Redacted.Redacted<string> | string | undefined) => Effect.Effect<Client.Client.Service>
 }
 
 /** Count every call of `service` as in flight while it runs. */
@@ -54,8 +56,23 @@ const countedClient = (
     failStepJson: (caller, executionId, stepId, error) => counted(service.failStepJson(caller, executionId, stepId, error)),
     publishDelta: service.publishDelta,
     heartbeat: (caller, executionId) => counted(service.heartbeat(caller, executionId)),
-    completeExecution: (caller, executionId, output) => counted(service.completeExecution(caller, executionId, output)),
-    failExecution: (caller, executionId, reason) => counted(service.failExecution(caller, executionId, reason))
+    completeExecution: (caller, executionId, output, state) =>
+      counted(service.completeExecution(caller, executionId, output, state)),
+    failExecution: (caller, executionId, reason) => counted(service.failExecution(caller, executionId, reason)),
+    signingScheme: service.signingScheme,
+    observeWebhook: service.observeWebhook,
+    previous: service.previous === undefined
+      ? undefined
+      : (caller, executionId) => counted(service.previous!(caller, executionId)),
+    getStep: service.getStep === undefined
+      ? undefined
+      : (caller, executionId, stepId) => counted(service.getStep!(caller, executionId, stepId)),
+    suspend: service.suspend === undefined
+      ? undefined
+      : (caller, executionId) => counted(service.suspend!(caller, executionId)),
+    publishMetadata: service.publishMetadata === undefined
+      ? undefined
+      : (agentId, metadata) => counted(service.publishMetadata!(agentId, metadata))
   }
 }
 
@@ -74,24 +91,29 @@ export const make = (options: {
   readonly transport: "direct" | "http"
   readonly interceptor: DirectClient.Interceptor
   readonly activity: Activity
+  /** The kernel's bootstrap token (PROTOCOL-CURRENT C.9.1 step 3); the kit's `Client` sends it. */
+  readonly apiToken?: Redacted.Redacted<string> | undefined
 }): Effect.Effect<Clients> =>
   Effect.gen(function*() {
     const { core, interceptor, secret } = options
-    const routes = Routes.make(core)
+    const routes = Routes.make(core, options.apiToken === undefined ? {} : { apiToken: options.apiToken })
     const httpClient = InMemoryHttp.make(routes)
     // The direct client counts the calls that can suspend itself; over HTTP every call is counted.
     const kernelClient = options.transport === "http"
       ? countedClient(
-        yield* KernelClient.make({ baseUrl: inProcessUrl, secret }).pipe(
+        // The agents speak the kernel's stage: `v1=` signatures in the current stage, `sha256=` before it.
+        yield* KernelClient.make({ baseUrl: inProcessUrl, secret, stage: core.settings.stage }).pipe(
           Effect.provideService(HttpClient.HttpClient, InMemoryHttp.make(routes, interceptor)),
           Effect.orDie
         ),
         options.activity
       )
       : DirectClient.make(core, secret, interceptor)
-    const client = yield* Client.make({ baseUrl: inProcessUrl }).pipe(
-      Effect.provideService(HttpClient.HttpClient, httpClient),
-      Effect.orDie
-    )
-    return { kernelClient, client, httpClient }
+    const clientWith = (apiKey: Redacted.Redacted<string> | string | undefined) =>
+      Client.make(apiKey === undefined ? { baseUrl: inProcessUrl } : { baseUrl: inProcessUrl, apiKey }).pipe(
+        Effect.provideService(HttpClient.HttpClient, httpClient),
+        Effect.orDie
+      )
+    const client = yield* clientWith(options.apiToken)
+    return { kernelClient, client, httpClient, clientWith }
   })

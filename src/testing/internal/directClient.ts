@@ -27,10 +27,12 @@ import * as InProcess from "../../internal/run/inProcess.js"
  */
 export type CallName =
   | "getExecution"
+  | "previous"
   | "submitStep"
   | "completeStep"
   | "failStep"
   | "heartbeat"
+  | "suspend"
   | "completeExecution"
   | "failExecution"
 
@@ -136,7 +138,10 @@ const parseRaw = (raw: string): unknown => JSON.parse(raw)
 
 const toDecision = (d: Core.Decision): Protocol.StepDecision => {
   // Most answers (`proceed`, `recorded`) are already in the client's shape.
-  if (d.resultRaw === undefined && d.errorRaw === undefined && d.approvalId === undefined && d.reason === undefined) {
+  if (
+    d.resultRaw === undefined && d.errorRaw === undefined && d.approvalId === undefined && d.reason === undefined &&
+    d.ruleId === undefined
+  ) {
     return d
   }
   const out: {
@@ -146,12 +151,15 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
     error?: unknown
     approvalId?: string
     reason?: string
+    ruleId?: string
   } = { decision: d.decision }
   if (d.stepId !== undefined) out.stepId = d.stepId
   if (d.resultRaw !== undefined) out.result = parseRaw(d.resultRaw)
   if (d.errorRaw !== undefined) out.error = parseRaw(d.errorRaw)
   if (d.approvalId !== undefined) out.approvalId = d.approvalId
   if (d.reason !== undefined && d.reason !== "") out.reason = d.reason
+  // PROTOCOL-CURRENT C.8.4: the deciding rule of a denial, as `PolicyError.ruleId`.
+  if (d.ruleId !== undefined && d.ruleId !== "") out.ruleId = d.ruleId
   return out
 }
 
@@ -174,6 +182,12 @@ const toCore = (s: StepSubmission) => ({
 
 const toExecution = (r: Core.ExecutionRecord): Protocol.Execution =>
   fromWire(Protocol.Execution, Wire.encodeExecution(r))
+
+const toStep = (r: Core.StepRecord): Protocol.Step => fromWire(Protocol.Step, Wire.encodeStep(r))
+
+/** A JSON value as compact raw text, `null` when absent (the kernel stores schemas compacted). */
+const rawOrNull = (value: unknown): string | null =>
+  value === null || value === undefined ? null : JSON.stringify(value)
 
 /**
  * Build the direct client.
@@ -299,6 +313,18 @@ export const make = (
       Http.retryTransport
     )
 
+  /**
+   * A route of the current stage only: older stages have no such route and
+   * answer a plain-text `404 page not found`, which a client reads as code
+   * `internal_error` (PROTOCOL-CURRENT C.13) — as over HTTP.
+   */
+  const currentOnly = <A>(effect: Effect.Effect<A, Core.KernelFailure>): Effect.Effect<A, Core.KernelFailure> =>
+    Effect.suspend(() =>
+      core.settings.stage === "current"
+        ? effect
+        : Effect.fail(new Core.KernelFailure({ status: 404, code: "internal_error", message: "404 page not found" }))
+    )
+
   const service: KernelClient.Service = {
     secret: Redacted.make(secret),
     getExecution: (caller, executionId) =>
@@ -323,8 +349,32 @@ export const make = (
       around(info("heartbeat", caller, executionId), core.heartbeat(executionId, caller.lease)).pipe(
         Effect.mapError(mapFailure(leaseOr))
       ),
-    completeExecution: (caller, executionId, outputJson) =>
-      outcome(info("completeExecution", caller, executionId), core.completeExecution(executionId, caller.lease, outputJson)),
+    completeExecution: (caller, executionId, outputJson, stateJson) =>
+      outcome(
+        info("completeExecution", caller, executionId),
+        core.completeExecution(executionId, caller.lease, outputJson, stateJson)
+      ),
+    // PROTOCOL-CURRENT C.4.6: a read, retried like `getExecution`.
+    previous: (caller, executionId) =>
+      around(info("previous", caller, executionId), currentOnly(core.previousState(executionId))).pipe(
+        Effect.mapBoth({ onFailure: mapFailure(statusError), onSuccess: parseRaw }),
+        Http.retryTransport
+      ),
+    getStep: (_caller, executionId, stepId) =>
+      core.getStep(executionId, stepId).pipe(Effect.mapBoth({ onFailure: statusError, onSuccess: toStep })),
+    // PROTOCOL-CURRENT C.5.2: lease-fenced; retried (a repeat that got through answers lease_superseded).
+    suspend: (caller, executionId) =>
+      around(info("suspend", caller, executionId), currentOnly(core.suspendExecution(executionId, caller.lease))).pipe(
+        Effect.mapError(mapFailure(signalOr)),
+        Http.retryTransport
+      ),
+    // PROTOCOL-CURRENT C.3: one try; not a call of an execution, so not logged.
+    publishMetadata: (agentId, metadata) =>
+      currentOnly(core.setAgentMetadata(agentId, {
+        description: metadata.description,
+        inputSchemaRaw: rawOrNull(metadata.inputSchema),
+        outputSchemaRaw: rawOrNull(metadata.outputSchema)
+      })).pipe(Effect.mapError(statusError)),
     failExecution: (caller, executionId, reason) =>
       outcome(info("failExecution", caller, executionId), core.failExecution(executionId, caller.lease, reason))
   }

@@ -64,7 +64,8 @@ const parseJson = (text: string): unknown => {
   }
 }
 
-const AGENT_ROUTE = /^\/v0\/executions\/([^/]+)(?:\/(steps(?:\/([^/]+)\/(complete|fail))?|heartbeat|complete|fail))?$/
+const AGENT_ROUTE =
+  /^\/v0\/executions\/([^/]+)(?:\/(steps(?:\/([^/]+)\/(complete|fail))?|heartbeat|suspend|previous|complete|fail))?$/
 
 /** Which agent call a request is, if any (only requests that carry an agent id). */
 const describe = (
@@ -82,9 +83,9 @@ const describe = (
   let call: CallName
   let stepId: string | undefined
   let submission: StepSubmission | undefined
-  if (tail === undefined) {
+  if (tail === undefined || tail === "previous") {
     if (method !== "GET") return undefined
-    call = "getExecution"
+    call = tail === undefined ? "getExecution" : "previous"
   } else if (method !== "POST") {
     return undefined
   } else if (tail === "steps") {
@@ -101,7 +102,13 @@ const describe = (
     call = match[4] === "complete" ? "completeStep" : "failStep"
     stepId = match[3]
   } else {
-    call = tail === "heartbeat" ? "heartbeat" : tail === "complete" ? "completeExecution" : "failExecution"
+    call = tail === "heartbeat"
+      ? "heartbeat"
+      : tail === "suspend"
+      ? "suspend"
+      : tail === "complete"
+      ? "completeExecution"
+      : "failExecution"
   }
   const dispatchId = header("rebuno-dispatch-id")
   const attempt = header("rebuno-dispatch-attempt")

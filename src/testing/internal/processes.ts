@@ -11,6 +11,7 @@
  */
 import { Array as Arr, Clock, Context, Deferred, Effect, Exit, Option, Scope } from "effect"
 import * as Agent from "../../Agent.js"
+import * as Client from "../../Client.js"
 import * as Core from "../../kernel/Core.js"
 import type * as Dispatcher from "../../kernel/Dispatcher.js"
 import * as Wire from "../../kernel/Wire.js"
@@ -64,12 +65,17 @@ export const leaseTimeoutOf = (core: Core.KernelCore, executionId: string): Effe
  * @internal
  */
 export interface Processes {
-  /** Register an agent with the core (upsert) and serve it from a fresh process. */
+  /**
+   * Register an agent with the core (upsert) and serve it from a fresh
+   * process, with `kernelClient` and, unless the caller's context has one,
+   * `client` (subagent calls create their children with it).
+   */
   readonly register: <R>(
     agent: Agent.Agent<any, any, any, R>,
     kernelClient: KernelClient.Service,
+    client: Client.Client.Service,
     policy: string | undefined
-  ) => Effect.Effect<void, Core.KernelFailure, R>
+  ) => Effect.Effect<void, Core.KernelFailure, Exclude<R, Client.Client>>
   /** The agent's process dies: its runs are interrupted and a fresh process serves it. */
   readonly restart: (agentId: string) => Effect.Effect<void>
   /** A fresh process serves the agent; the runs of the previous one carry on. */
@@ -123,8 +129,9 @@ export const make = (options: {
   const register = <R>(
     agent: Agent.Agent<any, any, any, R>,
     kernelClient: KernelClient.Service,
+    client: Client.Client.Service,
     policy: string | undefined
-  ): Effect.Effect<void, Core.KernelFailure, R> =>
+  ): Effect.Effect<void, Core.KernelFailure, Exclude<R, Client.Client>> =>
     Effect.gen(function*() {
       yield* core.registerAgent({
         id: agent.id,
@@ -134,7 +141,11 @@ export const make = (options: {
       })
       // Without the caller's Scope, so the runtime lives in the scope we can close to "crash" it;
       // on the kit's clock (provided below), which the runtime's runs inherit.
-      const context = Context.omit(Scope.Scope)(yield* Effect.context<R>()) as Context.Context<R>
+      // The kit's Client unless the caller brings its own (e.g. one with a scoped API key).
+      const context = Context.merge(
+        Context.make(Client.Client, client),
+        Context.omit(Scope.Scope)(yield* Effect.context<Exclude<R, Client.Client>>())
+      ) as Context.Context<R>
       const rebuild = Agent.runtime(agent).pipe(
         Effect.provideService(KernelClient, kernelClient),
         Effect.provide(context)

@@ -73,6 +73,52 @@ export const approvals = (
         .map((a) => fromWire(Protocol.Approval, Wire.encodeApproval(a)))
   )
 
+/** Every execution record matching a filter, page after page. */
+const allExecutions = (
+  core: Core.KernelCore,
+  filter: { readonly agentId?: string; readonly session?: string }
+): Effect.Effect<ReadonlyArray<Core.ExecutionRecord>> =>
+  Effect.gen(function*() {
+    const out: Array<Core.ExecutionRecord> = []
+    let cursor: string | undefined
+    while (true) {
+      const page = yield* core.listExecutions({
+        agentId: filter.agentId ?? "",
+        status: "",
+        cursor,
+        limit: 200,
+        ...(filter.session === undefined ? {} : { session: filter.session })
+      })
+      out.push(...page.executions)
+      if (page.nextCursor === undefined) return out
+      cursor = page.nextCursor
+    }
+  })
+
+/**
+ * The subagents of an execution (PROTOCOL-CURRENT C.5.1), as core records.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const children = (
+  core: Core.KernelCore,
+  executionId: string
+): Effect.Effect<ReadonlyArray<Core.ExecutionRecord>> =>
+  Effect.map(allExecutions(core, {}), (all) => all.filter((r) => r.spawnedBy?.executionId === executionId))
+
+/**
+ * The executions of a session (PROTOCOL-CURRENT C.4), as core records.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const sessionMembers = (
+  core: Core.KernelCore,
+  session: string
+): Effect.Effect<ReadonlyArray<Core.ExecutionRecord>> =>
+  Effect.map(allExecutions(core, { session }), (all) => all.filter((r) => r.session === session))
+
 /**
  * What the kit knows of an execution's runs, beyond the core's records.
  *

@@ -1,7 +1,8 @@
 /**
  * Settling an execution on virtual time: the test kit drives the kernel as
- * the embedded kernel's loop would — a dispatcher tick on a 2 s grid of
- * virtual time, and at once after an enqueue — lets the agents' processes run
+ * the embedded kernel's loop would — a dispatcher tick on a grid of virtual
+ * time (250 ms in the current stage, 2 s before it), and at once after an
+ * enqueue — lets the agents' processes run
  * until nothing moves, then moves the `TestClock` straight to the next thing
  * that can happen: a sleep of a run ending (heartbeats, backoffs, the agent's
  * own sleeps, all on the kit's tracked clock), or a tick with kernel work
@@ -19,6 +20,7 @@ import type { RunOptions, RunResult } from "../TestKernel.js"
 import { type Activity, yieldRound } from "./activity.js"
 import type { Faults } from "./faults.js"
 import { leaseTimeoutOf, type Processes } from "./processes.js"
+import * as Views from "./views.js"
 import type { TrackedClock } from "./trackedClock.js"
 
 /**
@@ -70,6 +72,35 @@ export const makeSettle = (options: {
       return due
     })
 
+  /**
+   * Whether a non-terminal, non-running execution can only move on when
+   * someone acts (or a timeout fires): it is `blocked` on an approval; or
+   * `blocked` on its subagents (PROTOCOL-CURRENT C.5.2) all of which wait on
+   * people themselves; or `pending` in a session (C.4.4) whose busy
+   * execution waits on people. A blocked execution with a subagent still at
+   * work, or a pending one whose session will free up, is not settled.
+   */
+  const waitsOnPeople = (record: Core.ExecutionRecord): Effect.Effect<boolean> =>
+    Effect.gen(function*() {
+      if (record.status === "blocked") {
+        if (core.settings.stage !== "current") return true
+        if ((yield* core.listApprovals()).some((a) => a.executionId === record.id)) return true
+        const children = yield* Views.children(core, record.id)
+        const active = children.filter((c) => !Protocol.isTerminalStatus(c.status))
+        if (active.length === 0) return true
+        for (const child of active) {
+          if (child.status === "running" || !(yield* waitsOnPeople(child))) return false
+        }
+        return true
+      }
+      if (record.status === "pending" && record.session !== undefined) {
+        const members = yield* Views.sessionMembers(core, record.session)
+        const busy = members.find((m) => m.status === "running" || m.status === "blocked")
+        return busy !== undefined && busy.status === "blocked" && (yield* waitsOnPeople(busy))
+      }
+      return false
+    })
+
   /** A dispatch enqueued since the last tick: the kernel's loop would tick at once. */
   const freshlyEnqueued = (now: number): Effect.Effect<boolean> =>
     Effect.map(
@@ -80,7 +111,10 @@ export const makeSettle = (options: {
   return (executionId, runOptions) =>
     Effect.gen(function*() {
       faults.arm(executionId, runOptions)
-      const tickMs = Dispatcher.defaults.tickIntervalMs
+      // The current stage's dispatcher polls every 250 ms (PROTOCOL-CURRENT C.10), older ones every 2 s.
+      const tickMs = core.settings.stage === "current"
+        ? Dispatcher.defaults.currentTickIntervalMs
+        : Dispatcher.defaults.tickIntervalMs
       const start = yield* Clock.currentTimeMillis
       const deadline = start + Duration.toMillis(Duration.fromInputUnsafe(runOptions?.timeout ?? Duration.hours(1)))
       let lastTick: number | undefined
@@ -100,12 +134,13 @@ export const makeSettle = (options: {
         yield* drain
         if (faults.expiryRequested()) continue
         const record = yield* core.getExecution(executionId)
-        const settled = Protocol.isTerminalStatus(record.status) || record.status === "blocked"
+        const settled = Protocol.isTerminalStatus(record.status) ||
+          (record.status !== "running" && (yield* waitsOnPeople(record)))
         if (settled && (yield* processes.activeRuns) === 0) break
         const current = yield* Clock.currentTimeMillis
         if (current >= deadline) break
         // Move virtual time to the next thing that can happen: a sleep ending, or a
-        // tick (on the 2 s grid) with kernel work due.
+        // tick (on the grid) with kernel work due.
         const due = yield* kernelDue(current)
         const gridAfter = (t: number) => start + Math.ceil((Math.max(t, current + 1) - start) / tickMs) * tickMs
         const sleeps = clock.pendingSleeps().filter((t) => t > current)
