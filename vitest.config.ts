@@ -14,6 +14,8 @@ export default defineConfig({
   },
   test: {
     include: ["test/**/*.test.ts"],
+    // prints the log lines a failing test captured (test/support/logging.ts)
+    setupFiles: ["test/support/setup.ts"],
     testTimeout: 30_000,
     hookTimeout: 30_000
   }

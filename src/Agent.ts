@@ -22,17 +22,31 @@
  * `HttpServer` in context), mount it with `Agent.toHttpApp`, or use
  * `Agent.toWebHandler` for any `Request → Response` host.
  *
+ * Every rejected webhook request is one log line (`Warning`; `Info` for an
+ * unknown path or method) saying why — bad or missing signature (with a hint
+ * to compare `REBUNO_AGENT_SECRET` with the kernel's manifest; the secret is
+ * never logged), malformed or oversized body, unknown route — annotated with
+ * `rebuno.agent_id`, `rebuno.rejected` (the reason code) and
+ * `rebuno.http_status`. A run's own log lines carry `rebuno.agent_id`,
+ * `rebuno.execution_id`, `rebuno.dispatch_id` and `rebuno.dispatch_attempt`.
+ * For one line per entry, readable and parseable, provide one of Effect's
+ * loggers: `Logger.layer([Logger.consoleLogFmt])` or
+ * `Logger.layer([Logger.consoleJson])`.
+ *
  * @since 0.1.0
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import {
   Cause,
+  Clock,
+  Config,
   Context,
   Effect,
   Exit,
   FiberMap,
   JsonSchema,
   Layer,
+  Logger,
   ManagedRuntime,
   Option,
   Ref,
@@ -45,19 +59,22 @@ import { Headers, HttpBody, HttpServer, HttpServerRequest, HttpServerResponse } 
 import type { HttpServerError } from "effect/http"
 import { createServer } from "node:http"
 import { Execution, fromRunState } from "./Execution.js"
-import { KernelClient } from "./KernelClient.js"
+import { KernelClient, OutcomeRetry } from "./KernelClient.js"
 import type { Caller } from "./KernelClient.js"
 import * as Protocol from "./Protocol.js"
+import type * as Resource from "./Resource.js"
 import { Abandoned, isRunSignal, KernelError, LeaseSuperseded, StepDecodeError } from "./RebunoError.js"
 import * as Session from "./Session.js"
 import * as Signature from "./Signature.js"
 import { decodeRefusal, failureReason, inputInvalid } from "./internal/run/failureReason.js"
 import { stringifyStrict } from "./internal/wire/json.js"
 import { issueMessages } from "./internal/run/run.js"
+import * as Resources from "./internal/run/resources.js"
+import * as ReplayLog from "./internal/run/replayLog.js"
 import { makeRunState } from "./internal/run/runtime.js"
 import * as Tracing from "./internal/http/tracing.js"
 import type { RunState } from "./internal/run/runtime.js"
-import { isTransportFailure } from "./internal/http/exchange.js"
+import { CurrentRetryBudget, isTransportFailure, retryTransport } from "./internal/http/exchange.js"
 
 /**
  * An agent: its id, its handler and optional schemas for its input, output
@@ -86,6 +103,21 @@ export interface Agent<In, A, E, R, S = any> {
    * @since 0.2.0
    */
   readonly stateSchema: Schema.Codec<S, unknown, R, R> | undefined
+  /**
+   * The resources every run registers and opens before the handler runs
+   * (PROTOCOL-CURRENT C.6.8); their drivers are part of `R`. Absent or empty:
+   * none.
+   *
+   * @since 0.2.0
+   */
+  readonly resources?: ReadonlyArray<Resource.Any> | undefined
+  /**
+   * What happens to the handler's log lines while a run replays (see
+   * {@link ReplayLogging}); absent: the fiber's {@link ReplayLogging}.
+   *
+   * @since 0.2.0
+   */
+  readonly replayLogging?: ReplayLogging | undefined
   readonly handler: (
     input: In,
     session: Session.Session<S>
@@ -106,6 +138,15 @@ export interface Agent<In, A, E, R, S = any> {
  *   with it, for the next execution of the session.
  * - `description`: what the agent does; published with the JSON Schemas of
  *   `input` and `output` as the agent's metadata (PROTOCOL-CURRENT C.3).
+ * - `resources`: the {@link Resource.Resource}s of the agent (PROTOCOL-CURRENT
+ *   C.6): every run registers them and opens, creates (restored from a fork's
+ *   checkpoint) or binds them before the handler runs, and checkpoints them by
+ *   their policies. Their driver services become part of the agent's
+ *   requirements. A kernel error while setting them up fails the execution;
+ *   a driver that cannot create or open one fails `yield* resource.handle`.
+ * - `replayLogging`: what happens to the handler's log lines while a run
+ *   replays: `"suppress"`, `"mark"` or `"all"` (see {@link ReplayLogging};
+ *   the default is the fiber's `ReplayLogging`, `"suppress"`).
  *
  * @example
  * ```ts
@@ -128,7 +169,8 @@ export const make = <
   RI = never,
   RO = never,
   S = unknown,
-  RS = never
+  RS = never,
+  const Res extends ReadonlyArray<Resource.Any> = readonly []
 >(
   options: {
     readonly id: string
@@ -138,15 +180,27 @@ export const make = <
     readonly output?: Schema.Codec<A, unknown, unknown, RO> | undefined
     /** @since 0.2.0 */
     readonly state?: Schema.Codec<S, unknown, RS, RS> | undefined
+    /** @since 0.2.0 */
+    readonly resources?: Res | undefined
+    /** @since 0.2.0 */
+    readonly replayLogging?: ReplayLogging | undefined
     readonly handler: (input: In, session: Session.Session<S>) => Effect.Effect<A | Session.WithState<A, S>, E, R>
   }
-): Agent<In, A, E, Exclude<R, Execution> | RI | RO | RS, S> => ({
+): Agent<In, A, E, Exclude<R, Execution> | RI | RO | RS | Resource.Services<Res>, S> => ({
   id: options.id,
   description: options.description,
   inputSchema: options.input,
   outputSchema: options.output,
   stateSchema: options.state,
-  handler: options.handler as Agent<In, A, E, Exclude<R, Execution> | RI | RO | RS, S>["handler"]
+  ...(options.resources === undefined || options.resources.length === 0 ? {} : { resources: options.resources }),
+  ...(options.replayLogging === undefined ? {} : { replayLogging: options.replayLogging }),
+  handler: options.handler as Agent<
+    In,
+    A,
+    E,
+    Exclude<R, Execution> | RI | RO | RS | Resource.Services<Res>,
+    S
+  >["handler"]
 })
 
 /**
@@ -172,7 +226,8 @@ export interface AgentRuntime {
   /**
    * Handle one webhook delivery and return the HTTP status to answer with:
    * `401` (bad signature), `400` (bad body) or `200` (accepted or duplicate).
-   * An accepted run continues in the background.
+   * An accepted run continues in the background. A rejection is logged with
+   * its reason.
    */
   readonly handleWebhook: (request: WebhookRequest) => Effect.Effect<number>
   /**
@@ -243,21 +298,33 @@ export const runtime = <In, A, E, R>(
     const runs = yield* FiberMap.make<string, void, never>()
     const active = new Map<string, ActiveRun>()
     const publishMetadata = yield* metadataPublisher(agent, kernel)
+    // How the runs ride out a kernel outage (issue 13), as configured where the runtime is built.
+    const retry = yield* OutcomeRetry
 
     const handleWebhook = (request: WebhookRequest): Effect.Effect<number> =>
       Effect.gen(function*() {
         const verified = yield* Signature.verify(kernel.secret, request.body, request.signature)
-        if (!verified) return 401
+        if (!verified) return yield* rejectedSignature(agent.id, request.signature)
         const text = decodeBody(request.body)
         const notice = text === undefined ? undefined : Protocol.decodeWebhookNotice(text)
-        if (notice === undefined) return 400
+        if (notice === undefined) {
+          return yield* logRejected(
+            agent.id,
+            400,
+            "malformed_body",
+            text === undefined ? "the body is not UTF-8" : malformedNotice
+          )
+        }
         if (kernel.observeWebhook !== undefined) yield* kernel.observeWebhook(notice)
         yield* publishMetadata
         const caller: Caller = {
           agentId: agent.id,
           lease: { dispatchId: notice.dispatchId, attempt: notice.dispatchAttempt }
         }
-        const state = yield* makeRunState(kernel, caller, notice.executionId)
+        const state = yield* makeRunState(kernel, caller, notice.executionId, {
+          leaseTimeoutSeconds: notice.leaseTimeoutSeconds,
+          retry
+        })
         const previous = yield* Effect.sync(() => {
           const current = active.get(notice.executionId)
           if (current !== undefined && isDuplicate(current, notice)) return "duplicate" as const
@@ -268,12 +335,13 @@ export const runtime = <In, A, E, R>(
           })
           return current
         })
+        const logAttributes = { ...Tracing.runAttributes(notice), "rebuno.agent_id": agent.id }
         if (previous === "duplicate") {
-          yield* Effect.logDebug("duplicate webhook ignored")
+          yield* Effect.logDebug("duplicate webhook ignored").pipe(Effect.annotateLogs(logAttributes))
           return 200
         }
         if (previous !== undefined) {
-          yield* Effect.logDebug("superseding the active run")
+          yield* Effect.logDebug("superseding the active run").pipe(Effect.annotateLogs(logAttributes))
           yield* previous.state.raise(new LeaseSuperseded())
         }
         const forget = Effect.sync(() => {
@@ -292,7 +360,7 @@ export const runtime = <In, A, E, R>(
             Effect.catchCause((cause) =>
               interruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
             ),
-            Effect.annotateLogs(runAttributes),
+            Effect.annotateLogs(logAttributes),
             Effect.annotateSpans(runAttributes),
             Effect.provideContext(context)
           )
@@ -369,6 +437,13 @@ const metadataPublisher = (
             state = "settled"
             return error.status === 404
               ? Effect.logInfo("the kernel does not take agent metadata (404); not sent again")
+              : error.status === 401
+              // At start-up, the first sign of a secret the kernel does not share (issue 13).
+              ? Effect.logWarning(
+                `the kernel refused this agent's signature (401 unauthorized) when publishing its metadata: ` +
+                  `compare REBUNO_AGENT_SECRET (the agent's secret) with the secret of agent "${agent.id}" in the ` +
+                  `kernel's manifest, and check that the agent is registered; not sent again`
+              )
               : Effect.logWarning("publishing agent metadata failed; not sent again", error)
           }
         }),
@@ -382,20 +457,27 @@ const metadataPublisher = (
     })
   })
 
-/** The heartbeat fiber of a run (5.8). Only `lease_superseded` stops the run. */
-const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<never> =>
-  Effect.sleep(intervalMillis).pipe(
-    Effect.andThen(
-      state.client.heartbeat(state.caller, state.executionId).pipe(
-        Effect.catch((error) =>
-          error._tag === "LeaseSuperseded" ?
-            Effect.flatMap(Ref.get(state.finishing), (finishing) => finishing ? Effect.void : state.raise(error)) :
-            Effect.logDebug("heartbeat failed", error)
-        )
-      )
-    ),
-    Effect.forever
+/**
+ * The heartbeat fiber of a run (5.8). Only `lease_superseded` stops the run.
+ * A beat that meets a transport failure is retried with the outcome calls'
+ * backoff (at most one interval apart) while the lease can still be valid, so
+ * that the lease is renewed as soon as the kernel is back (issue 13); a
+ * successful beat renews the run's lease clock.
+ */
+const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<never> => {
+  const budget = { ...state.lease.budget, capMillis: Math.min(state.lease.budget.capMillis, intervalMillis) }
+  const beat = retryTransport(state.client.heartbeat(state.caller, state.executionId)).pipe(
+    Effect.provideService(CurrentRetryBudget, budget),
+    Effect.andThen(Clock.currentTimeMillis),
+    Effect.map(state.lease.renewed),
+    Effect.catch((error) =>
+      error._tag === "LeaseSuperseded" ?
+        Effect.flatMap(Ref.get(state.finishing), (finishing) => finishing ? Effect.void : state.raise(error)) :
+        Effect.logDebug("heartbeat failed", error)
+    )
   )
+  return Effect.sleep(intervalMillis).pipe(Effect.andThen(beat), Effect.forever)
+}
 
 /** One run (14.3 steps 2–6). */
 const runOnce = <In, A, E, R, S>(
@@ -448,9 +530,90 @@ const runOnce = <In, A, E, R, S>(
       parentExecutionId: execution.parentExecutionId,
       previous: readPrevious(agent, state, yield* Effect.context<R>())
     })
-    const exit = yield* Effect.exit(Effect.provideService(agent.handler(input, session), Execution, service))
+    const handler = Effect.provideService(agent.handler(input, session), Execution, service)
+    const resources = agent.resources
+    const exit = yield* Effect.exit(replayAware(
+      agent,
+      state,
+      resources === undefined || resources.length === 0
+        ? handler
+        // PROTOCOL-CURRENT C.6.8: set the resources up around the handler, checkpoint them after it.
+        : Resources.around(state, resources, handler) as Effect.Effect<A | Session.WithState<A, S>, unknown, R>
+    ))
     yield* report(agent, state, exit)
   }).pipe(Effect.scoped)
+
+/**
+ * What happens to a handler's log lines while its run is *replaying* —
+ * re-executing steps an earlier run recorded, from the start of the run until
+ * its first `proceed` decision (issue 13; Temporal and Restate do the same):
+ *
+ * - `"suppress"` (default): they are dropped, so a re-run after a crash or an
+ *   approval does not repeat the lines of the steps it replays;
+ * - `"mark"`: they are written with the log annotation `rebuno.replaying=true`;
+ * - `"all"`: they are written as usual.
+ *
+ * **Details**
+ *
+ * It wraps the loggers of the handler's fiber (loggers the handler installs
+ * itself are not wrapped); the runtime's lines outside the handler (delivery,
+ * outcome, heartbeat) are not touched. Until its first `replay` or `proceed`
+ * decision (of a step, an LLM call or a subagent) a run cannot know
+ * whether it replays, so the lines of that stretch are held back (with their
+ * time, annotations and spans) and written, dropped or marked once it knows —
+ * and written when the handler ends without either (up to 1 000 lines: past
+ * that the run counts as live). The first `proceed` makes the run live for
+ * good; lines inside a step body that runs are never replayed lines. Lines
+ * between the last replayed step and the first new one belong to the
+ * replaying stretch too, even when the earlier run died before writing them.
+ *
+ * **Gotchas**
+ *
+ * A run resumed after an approval whose first step is the approved one gets
+ * `proceed` for it at once, so it counts as live: its lines before that step
+ * are written again.
+ *
+ * **Example** (Marking instead of dropping)
+ *
+ * ```ts
+ * Agent.serve(researcher, { port: 5000 }).pipe(
+ *   Layer.provide(Layer.succeed(Agent.ReplayLogging, "mark")),
+ *   Layer.provide(Logger.layer([Logger.consoleJson]))
+ * )
+ * ```
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export type ReplayLogging = ReplayLog.Mode
+
+/**
+ * The {@link ReplayLogging} of the runs an agent runtime starts (read where
+ * the runtime runs them); an agent's own `replayLogging` option wins.
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export const ReplayLogging: Context.Reference<ReplayLogging> = Context.Reference<ReplayLogging>(
+  "effect-rebuno/Agent/ReplayLogging",
+  { defaultValue: () => "suppress" }
+)
+
+/** The handler of a run, its loggers behind the run's replay tracker (see {@link ReplayLogging}). */
+const replayAware = <A, E, R>(
+  agent: { readonly replayLogging?: ReplayLogging | undefined },
+  state: RunState,
+  handler: Effect.Effect<A, E, R>
+): Effect.Effect<A, E, R> =>
+  Effect.withFiber((fiber) => {
+    const mode = agent.replayLogging ?? fiber.getRef(ReplayLogging)
+    if (mode === "all") return handler
+    const tracker = ReplayLog.track(state.client, mode)
+    return handler.pipe(
+      Effect.provideService(Logger.CurrentLoggers, ReplayLog.wrapLoggers(tracker, fiber.getRef(Logger.CurrentLoggers))),
+      Effect.ensuring(Effect.sync(() => tracker.end()))
+    )
+  })
 
 /**
  * `session.previous` of a run: `GET …/previous` (PROTOCOL-CURRENT C.4.6), the
@@ -662,13 +825,58 @@ const tooLargeUnread = (): HttpServerResponse.HttpServerResponse =>
     new HttpBody.Stream(Stream.empty, undefined as unknown as string, 0)
   )
 
+/**
+ * Logs a rejected webhook request (one line, `Warning`, or `Info` for a
+ * request to an unknown route) with its status and reason code as
+ * annotations, and answers the status.
+ */
+const logRejected = (
+  agentId: string,
+  status: number,
+  reason: "bad_signature" | "missing_signature" | "malformed_body" | "body_too_large" | "unreadable_body" | "unknown_route",
+  why: string
+): Effect.Effect<number> => {
+  const message = `webhook request rejected (${status}): ${why}`
+  return (reason === "unknown_route" ? Effect.logInfo(message) : Effect.logWarning(message)).pipe(
+    Effect.annotateLogs({ "rebuno.agent_id": agentId, "rebuno.rejected": reason, "rebuno.http_status": status }),
+    Effect.as(status)
+  )
+}
+
+const malformedNotice =
+  "the body is not a Rebuno webhook (a JSON object with execution_id and dispatch_id strings and, when present, " +
+  "a positive integer dispatch_attempt)"
+
+/**
+ * The `401` of a webhook whose signature does not verify, with a hint at the
+ * usual cause: the agent and the kernel do not share the secret. The secret
+ * itself is never logged.
+ */
+const rejectedSignature = (agentId: string, header: string | null | undefined): Effect.Effect<number> =>
+  typeof header !== "string" || header.length === 0
+    ? logRejected(agentId, 401, "missing_signature", "no Rebuno-Signature header (is the sender a Rebuno kernel?)")
+    : logRejected(
+      agentId,
+      401,
+      "bad_signature",
+      `bad signature: the kernel signed this webhook with another secret than this agent's; compare ` +
+        `REBUNO_AGENT_SECRET (the agent's secret) with the secret of agent "${agentId}" in the kernel's manifest`
+    )
+
+const tooLargeWhy = `the body is larger than ${maxWebhookBodyBytes} bytes (a webhook is about 200)`
+
 const httpAppFor = (rt: AgentRuntime): HttpApp =>
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
-    if (declaredTooLarge(request.headers["content-length"])) return tooLargeUnread()
+    if (declaredTooLarge(request.headers["content-length"])) {
+      yield* logRejected(rt.agentId, 413, "body_too_large", tooLargeWhy)
+      return tooLargeUnread()
+    }
     const body = yield* readCapped(request.stream)
-    if (body === "tooLarge") return bodiless(413)
-    if (body === "unreadable") return bodiless(401)
+    if (body === "tooLarge") return bodiless(yield* logRejected(rt.agentId, 413, "body_too_large", tooLargeWhy))
+    if (body === "unreadable") {
+      return bodiless(yield* logRejected(rt.agentId, 401, "unreadable_body", "the body could not be read"))
+    }
     const status = yield* rt.handleWebhook({ body, signature: request.headers["rebuno-signature"] })
     return bodiless(status)
   })
@@ -706,7 +914,17 @@ export const layer = <In, A, E, R>(
         const request = yield* HttpServerRequest.HttpServerRequest
         const queryAt = request.url.indexOf("?")
         const pathname = queryAt === -1 ? request.url : request.url.slice(0, queryAt)
-        if (request.method !== "POST" || pathname !== path) return bodiless(404)
+        if (request.method !== "POST" || pathname !== path) {
+          const shown = pathname.length > 200 ? pathname.slice(0, 200) + "…" : pathname
+          return bodiless(
+            yield* logRejected(
+              rt.agentId,
+              404,
+              "unknown_route",
+              `no webhook at ${request.method} ${shown} (this agent serves POST ${path})`
+            )
+          )
+        }
         return yield* app
       })
       yield* HttpServer.serveEffect(routed)
@@ -736,6 +954,52 @@ export const serve = <In, A, E, R>(
     )
   )
 
+/**
+ * Where {@link serveConfig} serves: the port and the interface to bind.
+ *
+ * @since 0.2.0
+ * @category http
+ */
+export interface ServeSettings {
+  readonly port: number
+  readonly host: string
+}
+
+/**
+ * {@link ServeSettings} from the environment: `AGENT_PORT` (default `5000`)
+ * and `AGENT_HOST` (default `0.0.0.0`, every interface; `127.0.0.1` for this
+ * machine only).
+ *
+ * @since 0.2.0
+ * @category http
+ */
+export const serveFromEnv: Config.Config<ServeSettings> = Config.all({
+  port: Config.Port("AGENT_PORT").pipe(Config.withDefault(5000)),
+  host: Config.String("AGENT_HOST").pipe(Config.withDefault("0.0.0.0"))
+})
+
+/**
+ * {@link serve} with the port and host read from `Config` (by default
+ * {@link serveFromEnv}: `AGENT_PORT`, `AGENT_HOST`). A port that is not a
+ * port number is a `ConfigError` when the layer is built.
+ *
+ * @example
+ * ```ts
+ * // AGENT_PORT=5001 AGENT_HOST=127.0.0.1 npx tsx agent.ts
+ * Agent.serveConfig(researcher).pipe(
+ *   Layer.provide(KernelClient.layerUndiciConfig()), Layer.launch, NodeRuntime.runMain)
+ * ```
+ *
+ * @since 0.2.0
+ * @category http
+ */
+export const serveConfig = <In, A, E, R>(
+  agent: Agent<In, A, E, R>,
+  settings: Config.Wrap<ServeSettings> = serveFromEnv,
+  options?: ServeOptions
+): Layer.Layer<never, HttpServerError.ServeError | Config.ConfigError, KernelClient | R> =>
+  Layer.unwrap(Effect.map(Config.unwrap(settings), (s) => serve(agent, { ...options, ...s })))
+
 class RuntimeTag extends Context.Service<RuntimeTag, AgentRuntime>()("effect-rebuno/Agent/Runtime") {}
 
 /**
@@ -754,12 +1018,22 @@ export const toWebHandler = <In, A, E, R, LE>(
   readonly handler: (request: Request) => Promise<Response>
   readonly dispose: () => Promise<void>
 } => {
-  const managed = ManagedRuntime.make(Layer.provide(Layer.effect(RuntimeTag, runtime(agent)), layer))
+  // provideMerge: the layer's services (its logger, too) also apply to the webhook handling itself.
+  const managed = ManagedRuntime.make(Layer.provideMerge(Layer.effect(RuntimeTag, runtime(agent)), layer))
+  /** Answers a request rejected before the runtime saw it, logged with the layer's logger. */
+  const rejected = (
+    status: number,
+    reason: "body_too_large" | "unreadable_body",
+    why: string
+  ): Promise<Response> =>
+    managed.runPromise(logRejected(agent.id, status, reason, why)).then(
+      () => new Response(null, { status }),
+      () => new Response(null, { status })
+    )
   const handler = (request: Request): Promise<Response> => {
     if (declaredTooLarge(request.headers.get("content-length"))) {
-      return request.body === null
-        ? Promise.resolve(new Response(null, { status: 413 }))
-        : request.body.cancel().then(() => new Response(null, { status: 413 }), () => new Response(null, { status: 413 }))
+      const cancelled = request.body === null ? Promise.resolve() : request.body.cancel().catch(() => undefined)
+      return cancelled.then(() => rejected(413, "body_too_large", tooLargeWhy))
     }
     const read = request.body === null
       ? Promise.resolve<Uint8Array | "tooLarge" | "unreadable">(new Uint8Array(0))
@@ -770,9 +1044,9 @@ export const toWebHandler = <In, A, E, R, LE>(
       })))
     return read.then((body) =>
       body === "tooLarge"
-        ? new Response(null, { status: 413 })
+        ? rejected(413, "body_too_large", tooLargeWhy)
         : body === "unreadable"
-        ? new Response(null, { status: 401 })
+        ? rejected(401, "unreadable_body", "the body could not be read")
         : managed.runPromise(
           RuntimeTag.use((rt) => rt.handleWebhook({ body, signature: request.headers.get("rebuno-signature") }))
         ).then(

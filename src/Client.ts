@@ -1,8 +1,8 @@
 /**
  * The Rebuno client for backends and operators (PROTOCOL.md 11, 14.9, 15.2):
  * create, read, list and cancel executions (with sessions, idempotency keys and
- * subagent bindings, PROTOCOL-CURRENT C.4, C.5); read an execution's previous
- * state; read events page by page or follow them as a `Stream` until the
+ * subagent bindings, PROTOCOL-CURRENT C.4, C.5); fork an execution and read
+ * its fork points (C.7); read an execution's previous state; read events page by page or follow them as a `Stream` until the
  * execution ends; watch live deltas over SSE; read steps; list and decide
  * approvals; administer agents, their policy bundles and scoped API keys
  * (C.9.2).
@@ -174,6 +174,27 @@ export interface CreateOptions {
 }
 
 /**
+ * Options of {@link Client.Service.fork} (PROTOCOL-CURRENT C.7.1).
+ *
+ * - `atSeq`: the fork point, an event seq of the source (`1..latest`): the
+ *   fork copies the steps settled by then and restores each resource from
+ *   the checkpoint covering it ({@link Protocol.latestCoveredSeq} finds the
+ *   latest seq where every resource is covered).
+ * - `session`: the fork's session label (it must have no executions yet);
+ *   omitted when absent or empty.
+ * - `policyBundle`: a policy bundle (YAML) for the fork only, instead of the
+ *   source's; needs the `policies:write` scope. Omitted when absent or empty.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ForkOptions {
+  readonly atSeq: number
+  readonly session?: string | undefined
+  readonly policyBundle?: string | undefined
+}
+
+/**
  * The scopes of an API key (PROTOCOL-CURRENT C.9.1). Write does not imply
  * read; `api_keys:manage` administers keys.
  *
@@ -317,6 +338,28 @@ export declare namespace Client {
      * @since 0.2.0
      */
     readonly previous: (executionId: string) => Effect.Effect<unknown, KernelError>
+    /**
+     * `POST /v0/executions/{id}/fork` (PROTOCOL-CURRENT C.7.1, scope
+     * `executions:write`): a new execution of the same agent and input that
+     * replays the source's steps up to `atSeq` and runs live from there, under
+     * its own policy when `policyBundle` is given. Answers the new execution
+     * (`forkedFrom`, `forkSeq`, and `restoration` when the source had
+     * resources — decode it with {@link Protocol.decodeRestoration}); it is
+     * `running`, or `pending` when its session did not admit it yet. Sends
+     * `{"at_seq":…}` plus the non-empty options. Never retried: a retry could
+     * create a second fork.
+     *
+     * @since 0.2.0
+     */
+    readonly fork: (executionId: string, options: ForkOptions) => Effect.Effect<Protocol.Execution, KernelError>
+    /**
+     * `GET /v0/executions/{id}/fork-points` (PROTOCOL-CURRENT C.7.3, scope
+     * `executions:read`): the latest seq, the resources with the seq they were
+     * registered at, and every checkpoint with the seqs it covers.
+     *
+     * @since 0.2.0
+     */
+    readonly forkPoints: (executionId: string) => Effect.Effect<Protocol.ForkPoints, KernelError>
     /** One page of `GET /v0/executions` (newest first). */
     readonly list: (options?: ListOptions) => Effect.Effect<Protocol.ExecutionPage, KernelError>
     /** Every execution matching the filters, fetching page after page as the stream is pulled. */
@@ -475,6 +518,7 @@ const decodeLiveDelta = Schema.decodeUnknownResult(Protocol.LiveDelta)
 const decodeApiKeys = Http.jsonDecoder(Protocol.NullableList(ApiKey))
 const decodeApiKeyWithToken = Http.jsonDecoder(ApiKeyWithToken)
 const decodePrevious = Http.jsonDecoder(Schema.Struct({ state: Schema.optionalKey(Schema.Unknown) }))
+const decodeForkPoints = Http.jsonDecoder(Protocol.ForkPoints)
 
 const DEFAULT_EVENTS_PAGE = 100
 const MAX_EVENTS_PAGE = 1000
@@ -763,6 +807,18 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
           Effect.map((answer) => answer.state ?? null),
           Http.retryTransport,
           span("previous", { "rebuno.execution_id": executionId })
+        ),
+      fork: (executionId, options) =>
+        Effect.suspend(() => {
+          let body = "{\"at_seq\":" + JSON.stringify(options.atSeq)
+          if (nonEmpty(options.session)) body += ",\"session\":" + JSON.stringify(options.session)
+          if (nonEmpty(options.policyBundle)) body += ",\"policy_bundle\":" + JSON.stringify(options.policyBundle)
+          return exchange(request("POST", executionPath(executionId) + "/fork", body + "}"), decodeExecution)
+        }).pipe(span("fork", { "rebuno.execution_id": executionId })),
+      forkPoints: (executionId) =>
+        exchange(request("GET", executionPath(executionId) + "/fork-points"), decodeForkPoints).pipe(
+          Http.retryTransport,
+          span("forkPoints", { "rebuno.execution_id": executionId })
         ),
       list,
       listAll: (options) =>

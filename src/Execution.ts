@@ -132,7 +132,9 @@ export const make: (options: RunOptions) => Effect.Effect<Execution.Service, nev
       agentId: options.agentId,
       lease: { dispatchId: options.dispatchId, attempt: options.dispatchAttempt }
     }
-    const state = yield* makeRunState(kernel, caller, options.executionId)
+    const state = yield* makeRunState(kernel, caller, options.executionId, {
+      leaseTimeoutSeconds: options.leaseTimeoutSeconds
+    })
     return fromRunState(state, options)
   }
 )

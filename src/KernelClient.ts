@@ -1,6 +1,6 @@
 /**
  * The agent's signed channel to a Rebuno kernel (PROTOCOL.md 6, 14.1, 15.1;
- * PROTOCOL-CURRENT C.2–C.5).
+ * PROTOCOL-CURRENT C.2–C.6).
  *
  * Every call serialises its body once, signs those exact bytes with the agent
  * secret and sends them with `Rebuno-Agent-Id`; lease routes and the delta
@@ -90,6 +90,47 @@ export interface StepSubmission {
   readonly target: string
   readonly argsJson: string
   readonly idempotency: "safe_to_retry" | "at_most_once"
+  /**
+   * The keys of the registered resources the step's body may change
+   * (PROTOCOL-CURRENT C.6.4), sent as `"resources":[…]` after
+   * `idempotency` when non-empty; absent or empty sends no member (the bytes
+   * of a step without declarations are those of the seed stage).
+   *
+   * @since 0.2.0
+   */
+  readonly resources?: ReadonlyArray<string> | undefined
+}
+
+/**
+ * A resource registration (PROTOCOL-CURRENT C.6.2): sent as
+ * `{"key","driver_id","configuration","coverage_reuse","every_steps","on_completion"}`.
+ * `configurationJson` is JSON text already checked to be JSON (`null` is sent
+ * when absent).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ResourceRegistration {
+  readonly key: string
+  readonly driverId: string
+  readonly configurationJson?: string | undefined
+  readonly coverageReuse: boolean
+  /** Capture after every `everySteps` affecting steps; `0` disables checkpointing. */
+  readonly everySteps: number
+  readonly onCompletion: boolean
+}
+
+/**
+ * Checkpoints captured by the agent (PROTOCOL-CURRENT C.6.5, C.6.6): sent
+ * with a step outcome or on their own, as `"captures":[…]` and
+ * `"capture_failures":[…]`, each only when non-empty.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CheckpointRecords {
+  readonly captures?: ReadonlyArray<Protocol.Capture> | undefined
+  readonly captureFailures?: ReadonlyArray<Protocol.CaptureFailure> | undefined
 }
 
 /**
@@ -139,6 +180,10 @@ export declare namespace KernelClient {
    * `StatusError`. Decisions are returned as they are (a `200
    * {"decision":"execution_terminal"}` is a decision, not an error);
    * interpreting them is the caller's job.
+   *
+   * The calls marked "retried" retry transport failures three times (100,
+   * 200, 400 ms); inside a run, the step and execution outcomes retry for as
+   * long as the run's lease can be valid instead (see {@link OutcomeRetry}).
    *
    * @since 0.1.0
    * @category models
@@ -212,6 +257,54 @@ export declare namespace KernelClient {
     readonly publishMetadata?:
       | ((agentId: string, metadata: Protocol.AgentMetadataBody) => Effect.Effect<void, KernelError>)
       | undefined
+    /**
+     * `POST /v0/executions/{id}/resources` with the lease (PROTOCOL-CURRENT
+     * C.6.2): register a resource, or read the current object of one already
+     * registered. `409 lease_superseded` is `LeaseSuperseded`, `409
+     * execution_terminal` is `Terminated`; a registration that differs from
+     * the stored one is a `409 conflict` `StatusError`. Retried on transport
+     * failures (a repeat answers the object again).
+     *
+     * @since 0.2.0
+     */
+    readonly registerResource?:
+      | ((
+        caller: Caller,
+        executionId: string,
+        registration: ResourceRegistration
+      ) => Effect.Effect<Protocol.Resource, KernelError | LeaseSuperseded | Terminated>)
+      | undefined
+    /**
+     * `POST /v0/executions/{id}/resources/{key}/binding` with the lease and
+     * `{"binding":<bindingJson>}` (PROTOCOL-CURRENT C.6.3); `204`. Errors as
+     * for {@link registerResource}; retried on transport failures (a repeat
+     * of an equal binding answers `204`).
+     *
+     * @since 0.2.0
+     */
+    readonly bindResource?:
+      | ((
+        caller: Caller,
+        executionId: string,
+        key: string,
+        bindingJson: string
+      ) => Effect.Effect<void, KernelError | LeaseSuperseded | Terminated>)
+      | undefined
+    /**
+     * `POST /v0/executions/{id}/resources/checkpoints` with the lease and the
+     * records (PROTOCOL-CURRENT C.6.6): a baseline or completion checkpoint;
+     * `204`. Refused captures are recorded as events, never as errors. Errors
+     * as for {@link registerResource}; retried on transport failures.
+     *
+     * @since 0.2.0
+     */
+    readonly publishCheckpoints?:
+      | ((
+        caller: Caller,
+        executionId: string,
+        records: CheckpointRecords
+      ) => Effect.Effect<void, KernelError | LeaseSuperseded | Terminated>)
+      | undefined
     /** `GET /v0/executions/{id}` (retried on transport failures). */
     readonly getExecution: (
       caller: { readonly agentId: string },
@@ -223,12 +316,17 @@ export declare namespace KernelClient {
       executionId: string,
       submission: StepSubmission
     ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated | PolicyError>
-    /** `POST …/steps/{step_id}/complete` with `{"result":<resultJson>}` (retried). */
+    /**
+     * `POST …/steps/{step_id}/complete` with `{"result":<resultJson>}` (retried).
+     * `records` (since 0.2.0) adds the captures of the resources due after the
+     * body (PROTOCOL-CURRENT C.6.5).
+     */
     readonly completeStep: (
       caller: Caller,
       executionId: string,
       stepId: string,
-      resultJson: string
+      resultJson: string,
+      records?: CheckpointRecords | undefined
     ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
     /** `POST …/steps/{step_id}/fail` with `{"error":{"message":<message>}}` (retried). */
     readonly failStep: (
@@ -240,12 +338,15 @@ export declare namespace KernelClient {
     /**
      * `POST …/steps/{step_id}/fail` with `{"error":<errorJson>}` (retried). `errorJson`
      * is the JSON text of an object with a `message` (typed failures add members).
+     * `records` (since 0.2.0) adds the captures of the resources due after the
+     * body (PROTOCOL-CURRENT C.6.5).
      */
     readonly failStepJson: (
       caller: Caller,
       executionId: string,
       stepId: string,
-      errorJson: string
+      errorJson: string,
+      records?: CheckpointRecords | undefined
     ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
     /** `POST …/steps/{step_id}/stream` — best effort, never fails, never retried. */
     readonly publishDelta: (
@@ -255,7 +356,11 @@ export declare namespace KernelClient {
       seq: number,
       data: string
     ) => Effect.Effect<void>
-    /** `POST /v0/executions/{id}/heartbeat` (empty signed body, not retried). */
+    /**
+     * `POST /v0/executions/{id}/heartbeat` (empty signed body, not retried
+     * here: the dispatch runtime retries a failed beat while the lease can be
+     * valid, see {@link OutcomeRetry}).
+     */
     readonly heartbeat: (caller: Caller, executionId: string) => Effect.Effect<void, KernelError | LeaseSuperseded>
     /**
      * `POST /v0/executions/{id}/complete` with `{"output":<outputJson>}` (`{}`
@@ -336,6 +441,72 @@ export const defaultTimeout: Duration.Duration = Duration.seconds(35)
  */
 export const isTransportFailure: (error: unknown) => boolean = Http.isTransportFailure
 
+/**
+ * How a run rides out a kernel outage: the retry budget of its outcome calls
+ * (step complete and fail, execution complete and fail) and of its heartbeat.
+ *
+ * After a transport failure (connection refused or reset, timeout, `5xx`)
+ * such a call is retried with a capped exponential backoff — `baseDelay`,
+ * doubling, at most `maxDelay`, each delay drawn from 80 %–120 % of its
+ * nominal value — for as long as the run's lease can still be valid: until
+ * `lease_timeout_seconds` (from the webhook; 120 s when the kernel sends
+ * none) after the lease's last renewal (the delivery, a submit, a
+ * heartbeat), and at most `maxElapsed` after the call first failed (one
+ * lease timeout when unset). Then the run gives up as before: a step outcome
+ * that cannot be recorded abandons the run, the kernel redelivers it once
+ * the lease lapses. A `lease_superseded` or `execution_terminal` answer
+ * stops the retries at once. A step submit is never retried (PROTOCOL.md
+ * 15.1), and reads keep their three short retries (100, 200, 400 ms).
+ *
+ * @example
+ * ```ts
+ * // Retry every 0.5–2 s, for at most 30 s, whatever the lease allows.
+ * Agent.serve(researcher, { port: 5000 }).pipe(
+ *   Layer.provide(Layer.succeed(KernelClient.OutcomeRetry, {
+ *     baseDelay: "500 millis",
+ *     maxDelay: "2 seconds",
+ *     maxElapsed: "30 seconds"
+ *   }))
+ * )
+ * ```
+ *
+ * @since 0.2.0
+ * @category references
+ */
+export interface OutcomeRetrySettings {
+  /** The first retry's delay (default 100 ms). */
+  readonly baseDelay: Duration.Input
+  /** The longest delay between two tries (default 5 s). */
+  readonly maxDelay: Duration.Input
+  /**
+   * The longest a call keeps retrying after its first failure; the lease
+   * bound applies too. Default (`undefined`): one lease timeout.
+   */
+  readonly maxElapsed?: Duration.Input | undefined
+}
+
+/**
+ * The defaults of {@link OutcomeRetry}: 100 ms doubling to at most 5 s, for
+ * as long as the lease can be valid.
+ *
+ * @since 0.2.0
+ * @category references
+ */
+export const defaultOutcomeRetry: OutcomeRetrySettings = { baseDelay: "100 millis", maxDelay: "5 seconds" }
+
+/**
+ * The {@link OutcomeRetrySettings} of the runs started in its scope (read
+ * when the agent's runtime is built): provide it with `Layer.succeed` next to
+ * the `KernelClient` layer, or with `Effect.provideService`.
+ *
+ * @since 0.2.0
+ * @category references
+ */
+export const OutcomeRetry: Context.Reference<OutcomeRetrySettings> = Context.Reference<OutcomeRetrySettings>(
+  "effect-rebuno/KernelClient/OutcomeRetry",
+  { defaultValue: () => defaultOutcomeRetry }
+)
+
 // ---------------------------------------------------------------------------
 // Implementation
 // ---------------------------------------------------------------------------
@@ -390,6 +561,7 @@ const decodeExecution = Http.jsonDecoder(Protocol.Execution)
 const decodeStep = Http.jsonDecoder(Protocol.Step)
 const decodePrevious = Http.jsonDecoder(Protocol.PreviousState)
 const decodeSuspend = Http.jsonDecoder(Protocol.SuspendAnswer)
+const decodeResource = Http.jsonDecoder(Protocol.Resource)
 
 /** A `401` answer: a signature the kernel did not accept. */
 const isUnauthorized = (error: KernelError): boolean => error.status === 401
@@ -602,8 +774,35 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       ).pipe(Http.retryTransport)
     ).pipe(span(outcome === "complete" ? "completeStep" : "failStep", executionId, stepId))
 
-  const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
-    postStepOutcome("fail", caller, executionId, stepId, () => "{\"error\":" + errorJson + "}")
+  const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson, records) =>
+    postStepOutcome(
+      "fail",
+      caller,
+      executionId,
+      stepId,
+      () => "{\"error\":" + errorJson + (records === undefined ? "" : recordsMembers(records)) + "}"
+    )
+
+  /** A resource route: lease-fenced, retried on transport failures (a repeat is harmless, C.6.2–C.6.6). */
+  const resourceCall = <A>(
+    name: string,
+    caller: Caller,
+    executionId: string,
+    path: string,
+    body: () => string,
+    onSuccess: (reply: Http.Reply) => Effect.Effect<A, KernelError>
+  ) =>
+    Effect.suspend(() =>
+      exchange(
+        "POST",
+        executionPath(executionId) + path,
+        caller.agentId,
+        caller.lease,
+        encoder.encode(body()),
+        onSuccess,
+        fail(stepFailure)
+      ).pipe(Http.retryTransport)
+    ).pipe(span(name, executionId))
 
   /** `GET /v0/executions/{id}` signed with `signing` (the current scheme when absent). */
   const readExecution = (agentId: string, executionId: string, signing?: SigningScheme) =>
@@ -708,11 +907,14 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       ),
     submitStep: (caller, executionId, submission) =>
       Effect.suspend(() => {
+        const resources = submission.resources
         const body = encoder.encode(
           "{\"kind\":" + JSON.stringify(submission.kind) +
             ",\"target\":" + JSON.stringify(submission.target) +
             ",\"args\":" + submission.argsJson +
-            ",\"idempotency\":" + JSON.stringify(submission.idempotency) + "}"
+            ",\"idempotency\":" + JSON.stringify(submission.idempotency) +
+            (resources === undefined || resources.length === 0 ? "" : ",\"resources\":" + JSON.stringify(resources)) +
+            "}"
         )
         return exchange(
           "POST",
@@ -724,11 +926,44 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
           fail(submitFailure)
         )
       }).pipe(span("submitStep", executionId)),
-    completeStep: (caller, executionId, stepId, resultJson) =>
-      postStepOutcome("complete", caller, executionId, stepId, () => "{\"result\":" + resultJson + "}"),
+    completeStep: (caller, executionId, stepId, resultJson, records) =>
+      postStepOutcome(
+        "complete",
+        caller,
+        executionId,
+        stepId,
+        () => "{\"result\":" + resultJson + (records === undefined ? "" : recordsMembers(records)) + "}"
+      ),
     failStep: (caller, executionId, stepId, message) =>
       failStepJson(caller, executionId, stepId, "{\"message\":" + JSON.stringify(message) + "}"),
     failStepJson,
+    registerResource: (caller, executionId, registration) =>
+      resourceCall(
+        "registerResource",
+        caller,
+        executionId,
+        "/resources",
+        () => registrationBody(registration),
+        decodeResource
+      ),
+    bindResource: (caller, executionId, key, bindingJson) =>
+      resourceCall(
+        "bindResource",
+        caller,
+        executionId,
+        "/resources/" + encodeURIComponent(key) + "/binding",
+        () => "{\"binding\":" + bindingJson + "}",
+        unit
+      ),
+    publishCheckpoints: (caller, executionId, records) =>
+      resourceCall(
+        "publishCheckpoints",
+        caller,
+        executionId,
+        "/resources/checkpoints",
+        () => "{" + recordsMembers(records).slice(1) + "}",
+        unit
+      ),
     publishDelta: (caller, executionId, stepId, seq, data) =>
       Effect.suspend(() =>
         exchange(
@@ -777,6 +1012,41 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       ).pipe(span("failExecution", executionId))
   })
 }
+
+/**
+ * The `,"captures":[…],"capture_failures":[…]` members of a step outcome or
+ * checkpoints body (PROTOCOL-CURRENT C.6.5), each omitted when empty; `""`
+ * when both are.
+ */
+const recordsMembers = (records: CheckpointRecords): string => {
+  let out = ""
+  const captures = records.captures
+  if (captures !== undefined && captures.length > 0) {
+    out += ",\"captures\":[" + captures.map((c) =>
+      "{\"key\":" + JSON.stringify(c.key) +
+      ",\"generation\":" + JSON.stringify(c.generation) +
+      ",\"checkpoint_ref\":" + JSON.stringify(c.checkpointRef) + "}"
+    ).join(",") + "]"
+  }
+  const failures = records.captureFailures
+  if (failures !== undefined && failures.length > 0) {
+    out += ",\"capture_failures\":[" + failures.map((f) =>
+      "{\"key\":" + JSON.stringify(f.key) +
+      ",\"generation\":" + JSON.stringify(f.generation) +
+      ",\"error\":" + JSON.stringify(f.error) + "}"
+    ).join(",") + "]"
+  }
+  return out
+}
+
+/** The register body (PROTOCOL-CURRENT C.6.2), every member present, in the Python SDK's order. */
+const registrationBody = (r: ResourceRegistration): string =>
+  "{\"key\":" + JSON.stringify(r.key) +
+  ",\"driver_id\":" + JSON.stringify(r.driverId) +
+  ",\"configuration\":" + (r.configurationJson ?? "null") +
+  ",\"coverage_reuse\":" + (r.coverageReuse ? "true" : "false") +
+  ",\"every_steps\":" + JSON.stringify(r.everySteps) +
+  ",\"on_completion\":" + (r.onCompletion ? "true" : "false") + "}"
 
 /** A JSON value's text, `null` for `undefined` (metadata members are always present). */
 const jsonOrNull = (value: unknown): string => JSON.stringify(value === undefined ? null : value) ?? "null"

@@ -268,7 +268,10 @@ export interface SpawnedBy extends Schema.Schema.Type<typeof SpawnedBy> {}
 
 /**
  * `POST /v0/executions/{id}/steps` body (6.3):
- * `{"kind":…,"target":…,"args":…,"idempotency":…}`.
+ * `{"kind":…,"target":…,"args":…,"idempotency":…}`, plus in the current
+ * stage the keys of the registered resources the step's body may change,
+ * `"resources":[…]` (PROTOCOL-CURRENT C.6.4; sent only when a step declares
+ * some).
  *
  * @since 0.1.0
  * @category request bodies
@@ -277,29 +280,139 @@ export const SubmitStepBody = Schema.Struct({
   kind: str,
   target: str,
   args: optionalJson,
-  idempotency: str
+  idempotency: str,
+  resources: Schema.optionalKey(Schema.Array(Schema.String))
 })
 
 /**
- * `POST …/steps/{step_id}/complete` body (6.4): `{"result":…}`.
+ * A checkpoint captured after a step's body (PROTOCOL-CURRENT C.6.5):
+ * `{"key","generation","checkpoint_ref"}`; `generation` is the one the
+ * `proceed` decision named.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const Capture = Schema.Struct({
+  key: Schema.String,
+  generation: Schema.Number,
+  checkpointRef: Schema.String
+}).pipe(Schema.encodeKeys({ checkpointRef: "checkpoint_ref" }))
+
+/**
+ * A decoded capture.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Capture extends Schema.Schema.Type<typeof Capture> {}
+
+/**
+ * A capture that failed (PROTOCOL-CURRENT C.6.5): `{"key","generation","error"}`.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const CaptureFailure = Schema.Struct({
+  key: Schema.String,
+  generation: Schema.Number,
+  error: Schema.String
+})
+
+/**
+ * A decoded capture failure.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CaptureFailure extends Schema.Schema.Type<typeof CaptureFailure> {}
+
+/**
+ * `POST …/steps/{step_id}/complete` body (6.4): `{"result":…}`, plus in the
+ * current stage the captures of the resources due after the body
+ * (`captures`, `capture_failures`, PROTOCOL-CURRENT C.6.5; each sent only
+ * when non-empty).
  *
  * @since 0.1.0
  * @category request bodies
  */
 export const CompleteStepBody = Schema.Struct({
-  result: optionalJson
-})
+  result: optionalJson,
+  captures: Schema.optionalKey(Schema.Array(Capture)),
+  captureFailures: Schema.optionalKey(Schema.Array(CaptureFailure))
+}).pipe(Schema.encodeKeys({ captureFailures: "capture_failures" }))
 
 /**
- * `POST …/steps/{step_id}/fail` body (6.5). The SDK always sends
- * `{"error":{"message":"<text>"}}`.
+ * `POST …/steps/{step_id}/fail` body (6.5). The SDK sends
+ * `{"error":{"message":"<text>"}}` (typed failures add `failure`), plus the
+ * captures of the resources due after the body, as on complete.
  *
  * @since 0.1.0
  * @category request bodies
  */
 export const FailStepBody = Schema.Struct({
-  error: optionalJson
+  error: optionalJson,
+  captures: Schema.optionalKey(Schema.Array(Capture)),
+  captureFailures: Schema.optionalKey(Schema.Array(CaptureFailure))
+}).pipe(Schema.encodeKeys({ captureFailures: "capture_failures" }))
+
+/**
+ * `POST /v0/executions/{id}/resources` body (PROTOCOL-CURRENT C.6.2):
+ * `{"key","driver_id","configuration","coverage_reuse","every_steps","on_completion"}`,
+ * every member present (`configuration` is `null` without one).
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const RegisterResourceBody = Schema.Struct({
+  key: Schema.String,
+  driverId: Schema.String,
+  configuration: Schema.NullOr(Schema.Unknown),
+  coverageReuse: Schema.Boolean,
+  everySteps: Schema.Number,
+  onCompletion: Schema.Boolean
+}).pipe(Schema.encodeKeys({
+  driverId: "driver_id",
+  coverageReuse: "coverage_reuse",
+  everySteps: "every_steps",
+  onCompletion: "on_completion"
+}))
+
+/**
+ * `POST /v0/executions/{id}/resources/{key}/binding` body (PROTOCOL-CURRENT
+ * C.6.3): `{"binding":<json>}`.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const BindResourceBody = Schema.Struct({
+  binding: Schema.Unknown
 })
+
+/**
+ * `POST /v0/executions/{id}/resources/checkpoints` body (PROTOCOL-CURRENT
+ * C.6.6): `{"captures":[…],"capture_failures":[…]}`, both optional.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const CheckpointsBody = Schema.Struct({
+  captures: Schema.optionalKey(Schema.Array(Capture)),
+  captureFailures: Schema.optionalKey(Schema.Array(CaptureFailure))
+}).pipe(Schema.encodeKeys({ captureFailures: "capture_failures" }))
+
+/**
+ * `POST /v0/executions/{id}/fork` body (PROTOCOL-CURRENT C.7.1):
+ * `{"at_seq":<int>[,"session":…][,"policy_bundle":…]}`, the optional members
+ * sent only when non-empty.
+ *
+ * @since 0.2.0
+ * @category request bodies
+ */
+export const ForkBody = Schema.Struct({
+  atSeq: Schema.Number,
+  session: Schema.optionalKey(Schema.String),
+  policyBundle: Schema.optionalKey(Schema.String)
+}).pipe(Schema.encodeKeys({ atSeq: "at_seq", policyBundle: "policy_bundle" }))
 
 /**
  * `POST …/steps/{step_id}/stream` body (6.6): `{"seq":…,"data":"…"}`.
@@ -438,6 +551,29 @@ export type DecisionKind =
   | "execution_terminal"
   | "recorded"
 
+/**
+ * A resource a starting step touches, as the `proceed` decision lists it
+ * (PROTOCOL-CURRENT C.6.4): `{"key","generation"[,"due":true]}`. `due` is
+ * `true` when the step's body must be followed by a capture of the resource
+ * (sent with the step's outcome, C.6.5); absent means `false`.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const StepResource = Schema.Struct({
+  key: str,
+  generation: num,
+  due: orDefault(Schema.Boolean, () => false)
+})
+
+/**
+ * A decoded step resource.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface StepResource extends Schema.Schema.Type<typeof StepResource> {}
+
 const StepDecisionStruct = Schema.Struct({
   decision: Schema.String,
   stepId: nonEmpty,
@@ -445,20 +581,23 @@ const StepDecisionStruct = Schema.Struct({
   error: optionalJson,
   approvalId: nonEmpty,
   reason: nonEmpty,
-  ruleId: nonEmpty
+  ruleId: nonEmpty,
+  resources: omittedWhen(Schema.Array(StepResource), (list) => list.length === 0)
 }).pipe(Schema.encodeKeys({ stepId: "step_id", approvalId: "approval_id", ruleId: "rule_id" }))
 
 /**
  * The kernel's answer to a step submission, or to a step complete / fail
  * (PROTOCOL.md 7.1, 7.2). `result` and `error` are present (possibly `null`)
  * exactly when the kernel sent them; empty `step_id`, `approval_id`,
- * `reason` and `rule_id` count as absent; unknown members (`resources`) are
- * ignored.
+ * `reason` and `rule_id` count as absent; unknown members are ignored.
  *
  * A `blocked` decision without `approval_id` is rate-limit parking
  * (PROTOCOL-CURRENT C.8.3, `reason` `rate_limit_exceeded`): the execution
  * stays running and is redelivered after the wait. `ruleId` names the rule
- * that decided a `denied` step (C.8.4).
+ * that decided a `denied` step (C.8.4). `resources` lists the registered
+ * resources a starting step touched, with their new generations and whether
+ * a capture is due after the body (C.6.4); absent when none (an empty list
+ * counts as absent).
  *
  * @since 0.1.0
  * @category models
@@ -472,6 +611,8 @@ export interface StepDecision {
   readonly reason?: string | undefined
   /** @since 0.2.0 */
   readonly ruleId?: string | undefined
+  /** @since 0.2.0 */
+  readonly resources?: ReadonlyArray<StepResource> | undefined
 }
 
 /**
@@ -505,6 +646,7 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
     approvalId?: string
     reason?: string
     ruleId?: string
+    resources?: ReadonlyArray<StepResource>
   } = { decision }
   const stepId = o["step_id"]
   if (typeof stepId === "string" && stepId !== "") out.stepId = stepId
@@ -516,6 +658,29 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
   if (typeof reason === "string" && reason !== "") out.reason = reason
   const ruleId = o["rule_id"]
   if (typeof ruleId === "string" && ruleId !== "") out.ruleId = ruleId
+  const resources = o["resources"]
+  if (Array.isArray(resources) && resources.length > 0) {
+    const decoded = decodeStepResources(resources)
+    if (decoded.length > 0) out.resources = decoded
+  }
+  return out
+}
+
+/**
+ * The `resources` of a decision, as {@link StepResource} decodes them; an entry
+ * that is not an object with a string `key` is left out (the step still runs,
+ * without that capture).
+ */
+const decodeStepResources = (list: ReadonlyArray<unknown>): ReadonlyArray<StepResource> => {
+  const out: Array<StepResource> = []
+  for (const item of list) {
+    if (typeof item !== "object" || item === null || Array.isArray(item)) continue
+    const r = item as Record<string, unknown>
+    const key = r["key"]
+    if (typeof key !== "string" || key === "") continue
+    const generation = r["generation"]
+    out.push({ key, generation: typeof generation === "number" ? generation : 0, due: r["due"] === true })
+  }
   return out
 }
 
@@ -835,3 +1000,199 @@ export const SuspendAnswer = Schema.Struct({
  * @category models
  */
 export interface SuspendAnswer extends Schema.Schema.Type<typeof SuspendAnswer> {}
+
+// ---------------------------------------------------------------------------
+// Resources and forks (PROTOCOL-CURRENT C.6, C.7)
+// ---------------------------------------------------------------------------
+
+/**
+ * A resource registered on an execution (PROTOCOL-CURRENT C.6.1), as
+ * register answers it: its identity (`key`, `driverId`, `configuration`,
+ * `coverageReuse`), checkpoint policy (`everySteps`, `onCompletion`), the seq
+ * of its `resource.registered` event, its `generation` (a capture must name
+ * the current one), `count` (settled affecting steps), its `binding` (absent
+ * until bound), the `checkpointRef` a fork starts from (absent: the initial
+ * environment) and whether a checkpoint `covered` the current generation.
+ * `configuration` and `binding` are present exactly when the kernel sent
+ * them.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const Resource = Schema.Struct({
+  key: str,
+  driverId: str,
+  configuration: optionalJson,
+  coverageReuse: orDefault(Schema.Boolean, () => false),
+  everySteps: num,
+  onCompletion: orDefault(Schema.Boolean, () => false),
+  registeredSeq: num,
+  generation: num,
+  count: num,
+  binding: optionalJson,
+  checkpointRef: nonEmpty,
+  covered: orDefault(Schema.Boolean, () => false)
+}).pipe(Schema.encodeKeys({
+  driverId: "driver_id",
+  coverageReuse: "coverage_reuse",
+  everySteps: "every_steps",
+  onCompletion: "on_completion",
+  registeredSeq: "registered_seq",
+  checkpointRef: "checkpoint_ref"
+}))
+
+/**
+ * A decoded resource.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Resource extends Schema.Schema.Type<typeof Resource> {}
+
+/**
+ * One resource of a fork's `restoration` (PROTOCOL-CURRENT C.7.1, C.7.2 #4):
+ * the checkpoint the fork's resource starts from (`checkpointRef` and the seq
+ * it covered from, `checkpointSeq`; both absent: the initial environment) and
+ * whether that checkpoint covers the fork point.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const RestoredResource = Schema.Struct({
+  checkpointRef: nonEmpty,
+  checkpointSeq: omittedWhen(Schema.Number, (n) => n === 0),
+  covered: orDefault(Schema.Boolean, () => false)
+}).pipe(Schema.encodeKeys({ checkpointRef: "checkpoint_ref", checkpointSeq: "checkpoint_seq" }))
+
+/**
+ * A decoded restored resource.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface RestoredResource extends Schema.Schema.Type<typeof RestoredResource> {}
+
+/**
+ * A fork's `restoration` member (PROTOCOL-CURRENT C.7.1): one
+ * {@link RestoredResource} per resource key. {@link Execution} keeps the
+ * member as the JSON it arrived as; decode it with {@link decodeRestoration}.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const Restoration = Schema.Record(Schema.String, RestoredResource)
+
+/**
+ * A decoded restoration.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Restoration = Schema.Schema.Type<typeof Restoration>
+
+/**
+ * The restoration of a fork's execution, decoded: `{}` when the execution
+ * has none (not a fork, or a fork of a source without resources), and when
+ * the member is not a JSON object.
+ *
+ * @example
+ * ```ts
+ * const fork = yield* client.fork(executionId, { atSeq: 12 })
+ * const workspace = Protocol.decodeRestoration(fork.restoration)["workspace"]
+ * // { checkpointRef: "…", checkpointSeq: 9, covered: true }
+ * ```
+ *
+ * @since 0.2.0
+ * @category decoding
+ */
+export const decodeRestoration = (restoration: unknown): Restoration => {
+  if (typeof restoration !== "object" || restoration === null || Array.isArray(restoration)) return {}
+  const decoded = decodeRestorationResult(restoration)
+  return decoded._tag === "Success" ? decoded.success : {}
+}
+
+const decodeRestorationResult = Schema.decodeUnknownResult(Restoration)
+
+/**
+ * A checkpoint of an execution as `fork-points` lists it (PROTOCOL-CURRENT
+ * C.7.3): it covers the seqs `coveredSeq ≤ seq < invalidatedSeq`
+ * (`invalidatedSeq` absent while it is still valid).
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const Checkpoint = Schema.Struct({
+  key: str,
+  generation: num,
+  checkpointRef: str,
+  coveredSeq: num,
+  invalidatedSeq: omittedWhen(Schema.Number, (n) => n === 0)
+}).pipe(Schema.encodeKeys({
+  checkpointRef: "checkpoint_ref",
+  coveredSeq: "covered_seq",
+  invalidatedSeq: "invalidated_seq"
+}))
+
+/**
+ * A decoded checkpoint.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Checkpoint extends Schema.Schema.Type<typeof Checkpoint> {}
+
+/**
+ * The answer of `GET /v0/executions/{id}/fork-points` (PROTOCOL-CURRENT
+ * C.7.3): the latest seq (every seq in `1..latestSeq` may be forked), the
+ * resources by key with the seq they were registered at, and every
+ * checkpoint. `null` lists and maps decode as empty.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const ForkPoints = Schema.Struct({
+  latestSeq: num,
+  resources: orDefault(Schema.Record(Schema.String, Schema.Number), () => ({})),
+  checkpoints: list(Checkpoint)
+}).pipe(Schema.encodeKeys({ latestSeq: "latest_seq" }))
+
+/**
+ * Decoded fork points.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ForkPoints extends Schema.Schema.Type<typeof ForkPoints> {}
+
+/**
+ * Is `seq` covered (PROTOCOL-CURRENT C.7.3): does every resource registered
+ * at or before it have a checkpoint covering it? With no resources every seq
+ * is covered. A fork at a covered seq restores every resource exactly as it
+ * was at that seq.
+ *
+ * @since 0.2.0
+ * @category predicates
+ */
+export const isCovered = (points: ForkPoints, seq: number): boolean => {
+  for (const [key, registeredSeq] of Object.entries(points.resources)) {
+    if (registeredSeq > seq) continue
+    const covering = points.checkpoints.some((c) =>
+      c.key === key && c.coveredSeq <= seq && (c.invalidatedSeq === undefined || seq < c.invalidatedSeq)
+    )
+    if (!covering) return false
+  }
+  return true
+}
+
+/**
+ * The latest covered seq (see {@link isCovered}), or `undefined` when no seq
+ * is: the fork point that loses the least work while restoring every
+ * resource exactly.
+ *
+ * @since 0.2.0
+ * @category predicates
+ */
+export const latestCoveredSeq = (points: ForkPoints): number | undefined => {
+  for (let seq = points.latestSeq; seq >= 1; seq--) if (isCovered(points, seq)) return seq
+  return undefined
+}

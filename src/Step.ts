@@ -11,8 +11,11 @@
  *
  * @since 0.1.0
  */
-import { Clock, Effect, Random, Schema } from "effect"
+import { Clock, Duration, Effect, Random, Schema } from "effect"
+import type { Schedule } from "effect"
 import type { Execution } from "./Execution.js"
+import type { ToolError } from "./RebunoError.js"
+import type * as Resource from "./Resource.js"
 import * as internal from "./internal/run/run.js"
 
 /**
@@ -53,7 +56,14 @@ export type StepError = internal.StepError
  * - `failure`: body failures that are instances of this schema are recorded as
  *   `{"message":…,"failure":<encoded>}` and re-raised as themselves, now and on
  *   replay. Every other failure is recorded as `{"message":…}` and raised as a
- *   `ToolError`.
+ *   `ToolError`; a tagged error keeps its tag there
+ *   (`{"message":"<Tag>: <message or fields>","_tag":"<Tag>"}`).
+ * - `retry` (since 0.2.0): a `Schedule` fed with the body's failures (the
+ *   `ToolError`, or the typed failure); see {@link RunOptions.retry}.
+ * - `resources` (since 0.2.0): the declared resources (or their keys) the
+ *   body may change (PROTOCOL-CURRENT C.6.4). The kernel counts the step
+ *   towards their checkpoint policy, and the ones it names as due are
+ *   captured right after the body; see `Resource`.
  *
  * @since 0.1.0
  * @category models
@@ -115,6 +125,34 @@ export interface RunOptions<A = unknown, I = A, RS = never, F = never, FI = neve
   readonly idempotency?: Idempotency | undefined
   readonly success?: Schema.Codec<A, I, RS, RS> | undefined
   readonly failure?: Schema.Codec<F, FI, RF, RF> | undefined
+  /**
+   * The resources the body may change (PROTOCOL-CURRENT C.6.4); see {@link Options}.
+   *
+   * @since 0.2.0
+   */
+  readonly resources?: ReadonlyArray<Resource.Any | string> | undefined
+  /**
+   * Retry a failed body on this schedule, fed with its failures (the
+   * `ToolError`, or the typed failure). Each attempt is a step of its own with
+   * the same kind, target and arguments (the kernel numbers them like
+   * identical calls, PROTOCOL.md 8.4), and a failed attempt records its number
+   * and, when it is retried, when: `{"message":…,"attempt":1,"retry_at_ms":…}`.
+   * A replay follows the recorded attempts without asking the schedule again
+   * and without sleeping through the backoff (only until a recorded retry time
+   * that is still ahead, after a crash during the backoff). Denials, signals
+   * and results that are not JSON are not retried.
+   *
+   * **Example** (Three tries, 1 s apart and doubling)
+   *
+   * ```ts
+   * const quote = Step.run("quote", fetchQuote, {
+   *   retry: Schedule.exponential("1 second").pipe(Schedule.upTo({ times: 2 }))
+   * })
+   * ```
+   *
+   * @since 0.2.0
+   */
+  readonly retry?: Schedule.Schedule<unknown, ToolError | F> | undefined
 }
 
 const runImpl = <A, E, R, I, RS, F, FI, RF>(
@@ -130,6 +168,8 @@ const runImpl = <A, E, R, I, RS, F, FI, RF>(
       idempotency: options?.idempotency,
       success: options?.success,
       failure: options?.failure,
+      resources: options?.resources,
+      retry: options?.retry,
       body: typeof body === "function" ? body : () => body
     }))
 
@@ -156,6 +196,9 @@ export const run: {
   (name: string, options?: {
     readonly args?: unknown
     readonly idempotency?: Idempotency | undefined
+    readonly resources?: ReadonlyArray<Resource.Any | string> | undefined
+    /** @since 0.2.0 */
+    readonly retry?: Schedule.Schedule<unknown, ToolError> | undefined
   }): <A, E, R>(body: Body<A, E, R>) => Effect.Effect<A, StepError, R | Execution>
   <A, I, RS, F = never, FI = never, RF = never>(
     name: string,
@@ -223,3 +266,60 @@ const uuidV4: Effect.Effect<string> = Effect.gen(function*() {
  * @category non-determinism
  */
 export const uuid: Effect.Effect<string, StepError, Execution> = runImpl("uuid", uuidV4, { success: Schema.String })
+
+/** Sleep until `deadline` (epoch milliseconds on the fiber's `Clock`); not at all once it has passed. */
+const sleepUntilDeadline = (deadline: number): Effect.Effect<void> =>
+  Effect.flatMap(Clock.currentTimeMillis, (now) => deadline > now ? Effect.sleep(Duration.millis(deadline - now)) : Effect.void)
+
+/**
+ * A durable sleep: the deadline (now + `duration`, on Effect's `Clock`) is
+ * recorded once as the local step `sleep` (arguments
+ * `{"duration_ms":<millis>}`, result the deadline in epoch milliseconds), then
+ * the run sleeps until it. A re-run — after a crash, a lease loss or an
+ * approval — replays the deadline and sleeps only what is left of it, or not
+ * at all once it has passed.
+ *
+ * **Details**
+ *
+ * The kernel has no timers: the run stays in flight for the whole sleep, and
+ * its heartbeat keeps the lease (PROTOCOL.md 5.8). Under the test kit,
+ * virtual time skips to the deadline.
+ *
+ * **Example** (Wait a day before following up)
+ *
+ * ```ts
+ * yield* sendEmail({ to })
+ * yield* Step.sleep("1 day")
+ * yield* sendReminder({ to })
+ * ```
+ *
+ * @since 0.2.0
+ * @category time
+ */
+export const sleep = (duration: Duration.Input): Effect.Effect<void, StepError, Execution> => {
+  const millis = Duration.toMillis(duration)
+  return Effect.flatMap(
+    runImpl("sleep", Effect.map(Clock.currentTimeMillis, (now) => now + millis), {
+      args: { duration_ms: millis },
+      success: Schema.Number
+    }),
+    sleepUntilDeadline
+  )
+}
+
+/**
+ * A durable sleep until `epochMillis` (on Effect's `Clock`): the deadline is
+ * recorded once as the local step `sleep` (arguments `{"until_ms":<epochMillis>}`),
+ * then the run sleeps until it; a re-run sleeps only what is left. The
+ * deadline is part of the step's arguments, so it must itself be
+ * deterministic (a constant, or computed from a recorded step such as
+ * {@link now}).
+ *
+ * @since 0.2.0
+ * @category time
+ */
+export const sleepUntil = (epochMillis: number): Effect.Effect<void, StepError, Execution> =>
+  Effect.flatMap(
+    runImpl("sleep", Effect.succeed(epochMillis), { args: { until_ms: epochMillis }, success: Schema.Number }),
+    sleepUntilDeadline
+  )

@@ -12,8 +12,11 @@
  * @since 0.1.0
  */
 import { Effect, JsonSchema, Schema } from "effect"
+import type { Schedule } from "effect"
 import type { Execution } from "./Execution.js"
+import type * as Resource from "./Resource.js"
 import { InvalidArguments, PolicyError } from "./RebunoError.js"
+import type { ToolError } from "./RebunoError.js"
 import * as Codec from "./internal/wire/codec.js"
 import * as internal from "./internal/run/run.js"
 import type * as Tracing from "./internal/http/tracing.js"
@@ -74,6 +77,23 @@ export interface Options<
   readonly failure?: Failure | undefined
   readonly idempotency?: Idempotency | undefined
   readonly description?: string | undefined
+  /**
+   * The resources `execute` may change (PROTOCOL-CURRENT C.6.4): declared
+   * resources or their keys; see `Resource`.
+   *
+   * @since 0.2.0
+   */
+  readonly resources?: ReadonlyArray<Resource.Any | string> | undefined
+  /**
+   * Retry a failed call on this schedule, fed with its failures (the
+   * `ToolError`, or the typed failure): each attempt is a `tool_call` step of
+   * its own, recorded with its attempt number, and a replay follows the
+   * recorded attempts without sleeping through the backoff (see
+   * `Step.RunOptions.retry`).
+   *
+   * @since 0.2.0
+   */
+  readonly retry?: Schedule.Schedule<unknown, ToolError | Failure["Type"]> | undefined
   readonly execute: (
     args: Args["Type"],
     context: StepContext
@@ -129,6 +149,8 @@ const build = <
       idempotency,
       success: options.success as unknown as AnyCodec<Success["Type"]>,
       failure: options.failure as unknown as AnyCodec<Failure["Type"]> | undefined,
+      resources: options.resources,
+      retry: options.retry,
       body: (context) => options.execute(args, context)
     })
   const invalid = (error: Schema.SchemaError) => {
@@ -167,8 +189,11 @@ const build = <
  * `tool_call` step named `name`, and on `proceed` runs `execute` with the
  * arguments and the step context (its `stepId` is a good provider idempotency
  * key). The result is encoded with `success` when recorded and decoded with it
- * on replay. A failure of `execute` is recorded and raised as a `ToolError`,
- * unless it is an instance of `failure`, which survives replay as itself.
+ * on replay. A failure of `execute` is recorded and raised as a `ToolError`
+ * (a tagged error keeps its tag in the recorded error and the message:
+ * `<name>: <Tag>: …`), unless it is an instance of `failure`, which survives
+ * replay as itself. With `retry`, failed calls are retried on that schedule,
+ * each attempt recorded.
  *
  * @example
  * ```ts
@@ -207,6 +232,14 @@ export interface WrapOptions<
   readonly failure?: Failure | undefined
   readonly idempotency?: Idempotency | undefined
   readonly description?: string | undefined
+  /** @since 0.2.0 */
+  readonly resources?: ReadonlyArray<Resource.Any | string> | undefined
+  /**
+   * Retry rejected calls on this schedule, each attempt recorded (see {@link Options.retry}).
+   *
+   * @since 0.2.0
+   */
+  readonly retry?: Schedule.Schedule<unknown, ToolError | Failure["Type"]> | undefined
 }
 
 /**

@@ -3,8 +3,8 @@
  *
  * Every tool call, LLM call and local non-determinism becomes a durable step
  * that the kernel records, replays after a crash or an approval, and governs by
- * policy. Modules are namespaces: `Agent`, `Step`, `Tool`, `Llm`, `Session`,
- * `Subagent`, `Client`, `KernelClient`, `Execution`, `Protocol`, `Signature`,
+ * policy. Modules are namespaces: `Agent`, `Step`, `Tool`, `Llm`, `Mcp`, `AiToolkit`, `Session`,
+ * `Subagent`, `Resource`, `LocalDirectory`, `Client`, `KernelClient`, `Execution`, `Protocol`, `Signature`,
  * `StepId`; the error classes are exported by name.
  *
  * @since 0.1.0
@@ -14,6 +14,11 @@
  * @since 0.1.0
  */
 export * as Agent from "./Agent.js"
+
+/**
+ * @since 0.2.0
+ */
+export * as AiToolkit from "./AiToolkit.js"
 
 /**
  * @since 0.1.0
@@ -31,9 +36,19 @@ export * as Execution from "./Execution.js"
 export * as KernelClient from "./KernelClient.js"
 
 /**
+ * @since 0.2.0
+ */
+export * as LocalDirectory from "./LocalDirectory.js"
+
+/**
  * @since 0.1.0
  */
 export * as Llm from "./Llm.js"
+
+/**
+ * @since 0.2.0
+ */
+export * as Mcp from "./Mcp.js"
 
 /**
  * @since 0.1.0
@@ -65,6 +80,16 @@ export {
   ToolError,
   TransportError
 } from "./RebunoError.js"
+
+/**
+ * @since 0.2.0
+ */
+export * as Resource from "./Resource.js"
+
+/**
+ * @since 0.2.0
+ */
+export { CheckpointUnavailable, ResourceError } from "./Resource.js"
 
 /**
  * @since 0.2.0

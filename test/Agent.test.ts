@@ -1,6 +1,6 @@
 import { NodeHttpServer } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Data, Effect, Layer, Option, Schema } from "effect"
+import { Clock, Config, ConfigProvider, Data, Effect, Layer, Logger, Option, References, Schema } from "effect"
 import type { Scope } from "effect"
 import { HttpClient, HttpClientRequest } from "effect/http"
 import { TestClock } from "effect/testing"
@@ -19,11 +19,14 @@ import {
 import * as Signature from "../src/Signature.js"
 import * as Step from "../src/Step.js"
 import * as Tool from "../src/Tool.js"
+import { TestKernel } from "../src/testing/index.js"
 import { failureReason } from "../src/internal/run/failureReason.js"
 import * as TrackedClock from "../src/testing/internal/trackedClock.js"
 import * as Kernel from "effect-rebuno/kernel"
 import { serve } from "./support/embedded.js"
 import { FakeKernel, SECRET } from "./support/FakeKernel.js"
+import * as TestLogs from "./support/logging.js"
+import { freePort } from "./support/pythonSdk.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
 const D1 = "0192f1a0-0000-7000-8000-0000000000d1"
@@ -433,7 +436,9 @@ describe("heartbeats", () => {
       yield* sleeping(2)
       yield* TestClock.adjust("95 seconds")
       yield* rt.awaitIdle
-      expect(fake.ops("heartbeat")).toHaveLength(9)
+      // the beat at 10 s is retried with backoff until the lease cannot be valid (30 s), then
+      // one beat per interval (40 … 90 s); the failures never stop the run (issue 13)
+      expect(fake.ops("heartbeat").length).toBeGreaterThan(9)
       expect(fake.ops("completeExecution")).toHaveLength(1)
     }))
 
@@ -547,7 +552,7 @@ describe("HTTP", () => {
   it.live("Agent.toWebHandler serves Request → Response", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})
-      const web = Agent.toWebHandler(hello, fake.layer)
+      const web = Agent.toWebHandler(hello, Layer.merge(fake.layer, TestLogs.layer))
       const body = notice({ attempt: 1 })
       const signature = yield* Signature.sign(SECRET, body)
       const request = (sig: string) =>
@@ -560,6 +565,187 @@ describe("HTTP", () => {
       expect(fake.ops("completeExecution")[0]!.json).toBe("\"hi\"")
       yield* Effect.promise(() => web.dispose())
     }))
+})
+
+// ---------------------------------------------------------------------------
+// What a rejected webhook tells (issue 13)
+// ---------------------------------------------------------------------------
+
+interface Logged {
+  readonly level: string
+  readonly message: string
+  readonly annotations: Readonly<Record<string, unknown>>
+}
+
+/** A logger that keeps every entry (all levels) with its annotations. */
+const captureLogs = () => {
+  const lines: Array<Logged> = []
+  const logger = Logger.make<unknown, void>((options) => {
+    const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
+    lines.push({
+      level: options.logLevel,
+      message: parts.map(String).join(" "),
+      annotations: { ...options.fiber.getRef(References.CurrentLogAnnotations) }
+    })
+  })
+  const layer = Layer.merge(Logger.layer([logger]), Layer.succeed(References.MinimumLogLevel, "All"))
+  const rejections = () =>
+    lines.filter((l) => l.message.startsWith("webhook request rejected")).map((l) => ({
+      level: l.level,
+      message: l.message,
+      reason: l.annotations["rebuno.rejected"],
+      status: l.annotations["rebuno.http_status"],
+      agentId: l.annotations["rebuno.agent_id"]
+    }))
+  return { lines, layer, rejections }
+}
+
+describe("rejected webhooks are logged with their reason", () => {
+  const agent = Agent.make({ id: "researcher", handler: () => Effect.succeed("hi") })
+  const malformed = "webhook request rejected (400): the body is not a Rebuno webhook (a JSON object with " +
+    "execution_id and dispatch_id strings and, when present, a positive integer dispatch_attempt)"
+
+  it.effect("a bad signature names the secret to compare, never the secret; missing signature and bad bodies say so", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      const rt = yield* setup(agent, fake)
+      const body = encoder.encode(notice({ attempt: 1 }))
+      const wrongSecret = "a-different-secret"
+      expect(yield* rt.handleWebhook({ body, signature: yield* Signature.sign(wrongSecret, body) })).toBe(401)
+      expect(yield* rt.handleWebhook({ body, signature: undefined })).toBe(401)
+      expect(yield* deliver(rt, new Uint8Array([0x7b, 0xff, 0x7d]))).toBe(400)
+      expect(yield* deliver(rt, "{\"execution_id\":\"x\"}")).toBe(400)
+      expect(capture.rejections()).toEqual([
+        {
+          level: "Warn",
+          message: "webhook request rejected (401): bad signature: the kernel signed this webhook with another secret " +
+            "than this agent's; compare REBUNO_AGENT_SECRET (the agent's secret) with the secret of agent " +
+            "\"researcher\" in the kernel's manifest",
+          reason: "bad_signature",
+          status: 401,
+          agentId: "researcher"
+        },
+        {
+          level: "Warn",
+          message: "webhook request rejected (401): no Rebuno-Signature header (is the sender a Rebuno kernel?)",
+          reason: "missing_signature",
+          status: 401,
+          agentId: "researcher"
+        },
+        {
+          level: "Warn",
+          message: "webhook request rejected (400): the body is not UTF-8",
+          reason: "malformed_body",
+          status: 400,
+          agentId: "researcher"
+        },
+        { level: "Warn", message: malformed, reason: "malformed_body", status: 400, agentId: "researcher" }
+      ])
+      // Neither the agent's secret nor the one the webhook was signed with appears anywhere in the logs.
+      const everything = JSON.stringify(capture.lines)
+      expect(everything).not.toContain(SECRET)
+      expect(everything).not.toContain(wrongSecret)
+      // An accepted webhook adds no rejection; the run's lines carry its identity.
+      capture.lines.length = 0
+      expect(yield* deliver(rt, notice({ attempt: 1 }))).toBe(200)
+      yield* until(() => fake.ops("completeExecution").length === 1)
+      expect(capture.rejections()).toEqual([])
+    }).pipe(Effect.provide(capture.layer))
+  })
+
+  it.effect("a run's log lines carry the agent, execution, dispatch and attempt", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      const chatty = Agent.make({ id: "chatty", handler: () => Effect.logInfo("working") })
+      const rt = yield* setup(chatty, fake)
+      expect(yield* deliver(rt, notice({ attempt: 3 }))).toBe(200)
+      yield* until(() => fake.ops("completeExecution").length === 1)
+      const working = capture.lines.find((l) => l.message === "working")
+      expect(working?.annotations).toMatchObject({
+        "rebuno.agent_id": "chatty",
+        "rebuno.execution_id": EXEC,
+        "rebuno.dispatch_id": D1,
+        "rebuno.dispatch_attempt": "3"
+      })
+    }).pipe(Effect.provide(capture.layer))
+  })
+
+  it.effect("over HTTP: an unknown route (info), an oversized body and a bad signature", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      yield* Layer.launch(Agent.layer(agent).pipe(Layer.provide(fake.layer))).pipe(Effect.forkScoped)
+      yield* Effect.yieldNow
+      const client = yield* HttpClient.HttpClient
+      const post = (path: string, body: string | Uint8Array, signature: string) =>
+        client.execute(
+          HttpClientRequest.post(path).pipe(
+            HttpClientRequest.setHeader("rebuno-signature", signature),
+            typeof body === "string"
+              ? HttpClientRequest.bodyText(body, "application/json")
+              : HttpClientRequest.bodyUint8Array(body, "application/json")
+          )
+        ).pipe(Effect.map((r) => r.status))
+      expect(yield* client.get("/webhook").pipe(Effect.map((r) => r.status))).toBe(404)
+      expect(yield* post("/hook", notice(), "sha256=00")).toBe(404)
+      expect(yield* post("/webhook", new Uint8Array(Agent.maxWebhookBodyBytes + 1), "sha256=00")).toBe(413)
+      expect(yield* post("/webhook", notice(), "sha256=00")).toBe(401)
+      expect(capture.rejections().map((r) => [r.level, r.message, r.reason, r.status])).toEqual([
+        [
+          "Info",
+          "webhook request rejected (404): no webhook at GET /webhook (this agent serves POST /webhook)",
+          "unknown_route",
+          404
+        ],
+        [
+          "Info",
+          "webhook request rejected (404): no webhook at POST /hook (this agent serves POST /webhook)",
+          "unknown_route",
+          404
+        ],
+        [
+          "Warn",
+          "webhook request rejected (413): the body is larger than 1048576 bytes (a webhook is about 200)",
+          "body_too_large",
+          413
+        ],
+        ["Warn", expect.stringContaining("webhook request rejected (401): bad signature"), "bad_signature", 401]
+      ])
+    }).pipe(Effect.provide(NodeHttpServer.layerTest), Effect.provide(capture.layer))
+  }, 20_000)
+
+  it.effect("the lines are silenced by the log level", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const rt = yield* setup(agent, new FakeKernel())
+      expect(yield* rt.handleWebhook({ body: encoder.encode(notice()), signature: "sha256=00" })).toBe(401)
+      expect(yield* deliver(rt, "[]")).toBe(400)
+      expect(capture.lines).toEqual([])
+    }).pipe(Effect.provideService(References.MinimumLogLevel, "Error"), Effect.provide(capture.layer))
+  })
+
+  it.live("Agent.toWebHandler logs its rejections with the layer's logger", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const fake = new FakeKernel().addExecution(EXEC, {})
+      const web = Agent.toWebHandler(agent, Layer.merge(fake.layer, capture.layer))
+      const request = (body: string, headers: Record<string, string>) =>
+        new Request("http://agent.local/webhook", { method: "POST", body, headers })
+      const tooLarge = yield* Effect.promise(() =>
+        web.handler(request("{}", { "content-length": String(Agent.maxWebhookBodyBytes + 1) }))
+      )
+      expect(tooLarge.status).toBe(413)
+      const unsigned = yield* Effect.promise(() => web.handler(request(notice(), {})))
+      expect(unsigned.status).toBe(401)
+      expect(capture.rejections().map((r) => [r.reason, r.status, r.agentId])).toEqual([
+        ["body_too_large", 413, "researcher"],
+        ["missing_signature", 401, "researcher"]
+      ])
+      yield* Effect.promise(() => web.dispose())
+    })
+  })
 })
 
 // ---------------------------------------------------------------------------
@@ -660,6 +846,30 @@ describe("agent metadata (PROTOCOL-CURRENT C.3)", () => {
         expect(fake.ops("completeExecution")).toHaveLength(3)
       }))
   }
+
+  it.effect("a 401 (the kernel does not share the agent's secret) is logged with what to compare, once", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const fake = new FakeKernel()
+      fake.onPublishMetadata = () =>
+        Effect.fail(
+          new KernelError({ reason: new StatusError({ status: 401, code: "unauthorized", description: "unauthorized" }) })
+        )
+      const rt = yield* setup(described, fake)
+      yield* rt.publishMetadata
+      yield* until(() => metadataCalls(fake).length === 1)
+      yield* Effect.yieldNow
+      yield* rt.publishMetadata
+      expect(capture.lines.filter((l) => l.level === "Warn").map((l) => [l.message, l.annotations["rebuno.agent_id"]]))
+        .toEqual([[
+          "the kernel refused this agent's signature (401 unauthorized) when publishing its metadata: compare " +
+          "REBUNO_AGENT_SECRET (the agent's secret) with the secret of agent \"agent\" in the kernel's manifest, and " +
+          "check that the agent is registered; not sent again",
+          "agent"
+        ]])
+      expect(JSON.stringify(capture.lines)).not.toContain(SECRET)
+    }).pipe(Effect.provide(capture.layer))
+  })
 
   test("a publication that hangs never holds up a run", () =>
     Effect.gen(function*() {
@@ -914,4 +1124,166 @@ describe("over HTTP on the embedded kernel (current stage)", () => {
         Agent.metadataOf(described).inputSchema
       )
     }).pipe(Effect.scoped), 30_000)
+
+  it.live("a wrong agent secret: the kernel and the agent both say so, neither shows a secret (issue 13)", () => {
+    const capture = captureLogs()
+    return Effect.gen(function*() {
+      const kernel = yield* Kernel.start({ port: 0, settings: { maxAttempts: 1 } })
+      const hello = Agent.make({ id: "hello", handler: () => Effect.succeed("hi") })
+      const webhookUrl = yield* serve(hello, kernel.url, "the-agents-secret")
+      // The kernel's manifest holds another secret than the agent's REBUNO_AGENT_SECRET.
+      yield* kernel.core.registerAgent({ id: "hello", webhookUrl, secret: "the-kernels-secret" })
+      const { id } = yield* kernel.core.createExecution({ agentId: "hello", inputRaw: "{}", agentVersion: undefined })
+      let status = ""
+      for (let i = 0; i < 300 && status !== "failed"; i++) {
+        status = (yield* kernel.core.getExecution(id)).status
+        if (status !== "failed") yield* Effect.sleep("10 millis")
+      }
+      expect((yield* kernel.core.getExecution(id)).failureReason).toBe("dispatch_exhausted")
+      const messages = capture.lines.map((l) => `${l.level} ${l.message}`)
+      expect(messages).toContain(
+        "Warn webhook request rejected (401): bad signature: the kernel signed this webhook with another secret than " +
+          "this agent's; compare REBUNO_AGENT_SECRET (the agent's secret) with the secret of agent \"hello\" in the kernel's manifest"
+      )
+      expect(messages).toContain(
+        "Warn webhook delivery to agent hello failed: the agent answered 401 Unauthorized (the agent rejected the " +
+          "signature: compare the agent's REBUNO_AGENT_SECRET with this agent's secret in the kernel's manifest); " +
+          "attempt 1 of 1, the last"
+      )
+      const everything = JSON.stringify(capture.lines)
+      expect(everything).not.toContain("the-agents-secret")
+      expect(everything).not.toContain("the-kernels-secret")
+    }).pipe(Effect.scoped, Effect.provide(capture.layer))
+  }, 30_000)
+})
+
+describe("replay-aware logging (issue 13)", () => {
+  /** A logger keeping each line's message and whether it is marked as replayed. */
+  const captureMessages = () => {
+    const lines: Array<string> = []
+    const logger = Logger.make<unknown, void>((options) => {
+      const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
+      const marked = options.fiber.getRef(References.CurrentLogAnnotations)["rebuno.replaying"] === true
+      lines.push(`${marked ? "[replaying] " : ""}${parts.map(String).join(" ")}`)
+    })
+    return { lines, layer: Logger.layer([logger]) }
+  }
+
+  const loggingAgent = (replayLogging?: Agent.ReplayLogging) => {
+    const lookup = Tool.make("lookup", {
+      args: Schema.Struct({ q: Schema.String }),
+      success: Schema.String,
+      execute: ({ q }) => Effect.as(Effect.log(`looking up ${q}`), q.toUpperCase())
+    })
+    return Agent.make({
+      id: "logger",
+      ...(replayLogging === undefined ? {} : { replayLogging }),
+      handler: () =>
+        Effect.gen(function*() {
+          yield* Effect.log("start")
+          const a = yield* lookup({ q: "a" })
+          yield* Effect.log(`got ${a}`)
+          const b = yield* lookup({ q: "b" })
+          yield* Effect.log(`got ${b}`)
+          return a + b
+        })
+    })
+  }
+
+  const crashRun = (agent: Agent.Agent<unknown, string, unknown, never>) =>
+    Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      // The crash comes once the first lookup is recorded: the re-run replays it, then runs the second.
+      const run = yield* kernel.run(agent, {}, { crash: { afterSteps: 1 } })
+      expect(run.status).toBe("completed")
+      expect(run.deliveries).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+
+  it.effect("suppress (the default): a re-run does not repeat the lines of the steps it replays", () => {
+    const capture = captureMessages()
+    return crashRun(loggingAgent()).pipe(
+      Effect.provide(capture.layer),
+      Effect.andThen(Effect.sync(() =>
+        // "got A" came after the crash in the first run, and in the replaying stretch of the
+        // re-run (before its first proceed): by the definition it is a replayed line.
+        expect(capture.lines).toEqual(["start", "looking up a", "looking up b", "got B"])
+      ))
+    )
+  })
+
+  it.effect("mark: the replayed lines are written with rebuno.replaying=true", () => {
+    const capture = captureMessages()
+    return crashRun(loggingAgent("mark")).pipe(
+      Effect.provide(capture.layer),
+      Effect.andThen(Effect.sync(() =>
+        expect(capture.lines).toEqual([
+          "start",
+          "looking up a",
+          "[replaying] start",
+          "[replaying] got A",
+          "looking up b",
+          "got B"
+        ])
+      ))
+    )
+  })
+
+  it.effect("all (or Agent.ReplayLogging): every line, replayed or not, as before", () => {
+    const capture = captureMessages()
+    return crashRun(loggingAgent()).pipe(
+      Effect.provideService(Agent.ReplayLogging, "all"),
+      Effect.provide(capture.layer),
+      Effect.andThen(Effect.sync(() =>
+        expect(capture.lines).toEqual(["start", "looking up a", "start", "got A", "looking up b", "got B"])
+      ))
+    )
+  })
+
+  it.effect("a first run writes its lines (held only until its first decision); a run without steps too", () => {
+    const capture = captureMessages()
+    const quiet = Agent.make({ id: "quiet", handler: () => Effect.log("no steps here") })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      expect((yield* kernel.run(quiet, {})).status).toBe("completed")
+      expect((yield* kernel.run(loggingAgent(), {})).status).toBe("completed")
+    }).pipe(
+      Effect.provide(TestKernel.layer({ agents: [quiet, loggingAgent()] })),
+      Effect.provide(capture.layer),
+      Effect.andThen(Effect.sync(() =>
+        expect(capture.lines).toEqual(["no steps here", "start", "looking up a", "got A", "looking up b", "got B"])
+      ))
+    )
+  })
+})
+
+describe("Agent.serveConfig (issue 13)", () => {
+  const agent = Agent.make({ id: "configured", handler: () => Effect.succeed("hi") })
+  const withEnv = (env: Record<string, string>) =>
+    Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromUnknown(env))
+
+  it.live("serves on AGENT_PORT and AGENT_HOST", () =>
+    Effect.gen(function*() {
+      const port = yield* freePort
+      yield* Layer.build(Agent.serveConfig(agent).pipe(Layer.provide(new FakeKernel().layer))).pipe(
+        withEnv({ AGENT_PORT: String(port), AGENT_HOST: "127.0.0.1" })
+      )
+      const status = yield* Effect.promise(() =>
+        fetch(`http://127.0.0.1:${port}/webhook`, { method: "POST", body: "{}", signal: AbortSignal.timeout(5_000) })
+          .then((response) => response.status)
+      )
+      // Unsigned: refused by the agent listening there.
+      expect(status).toBe(401)
+    }).pipe(Effect.provide(TestLogs.layer)))
+
+  it.effect("a port that is not a port is a ConfigError naming AGENT_PORT; the defaults are 5000 and 0.0.0.0", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(
+        Layer.build(Agent.serveConfig(agent).pipe(Layer.provide(new FakeKernel().layer))).pipe(
+          withEnv({ AGENT_PORT: "eighty" })
+        )
+      )
+      expect(error).toBeInstanceOf(Config.ConfigError)
+      expect(String(error)).toContain("AGENT_PORT")
+      expect(yield* Agent.serveFromEnv.pipe(withEnv({}))).toEqual({ port: 5000, host: "0.0.0.0" })
+    }))
 })

@@ -3,6 +3,8 @@ import { Cause, Config, ConfigProvider, Effect, Exit, Fiber, Layer, Option, Reda
 import { TestClock } from "effect/testing"
 import * as Agent from "../src/Agent.js"
 import * as Client from "../src/Client.js"
+import * as Protocol from "../src/Protocol.js"
+import * as Step from "../src/Step.js"
 import { makeSseParser } from "../src/internal/http/exchange.js"
 import { InvalidArguments, KernelError } from "../src/RebunoError.js"
 import * as TrackedClock from "../src/testing/internal/trackedClock.js"
@@ -1057,4 +1059,148 @@ describe("Client against the embedded kernel (current stage)", () => {
       yield* client.cancel(created.id)
       expect(yield* Effect.flip(client.previous(created.id))).toMatchObject({ status: 404 })
     }).pipe(Effect.provide(kit("seed"))))
+})
+
+describe("Client forks (PROTOCOL-CURRENT C.7.1, C.7.3, C.7.4)", () => {
+  const FORKED = {
+    ...execution(EXEC2),
+    input: { text: "a" },
+    forked_from: EXEC,
+    fork_seq: 9,
+    restoration: { workspace: { checkpoint_ref: "snap-2", checkpoint_seq: 7, covered: true } }
+  }
+
+  it.effect("fork: POST …/fork with at_seq and only the non-empty options; the fork decoded; never retried", () =>
+    withClient(
+      (_, index) => index < 3 ? json(201, FORKED) : json(503, { code: "internal_error", message: "down" }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const fork = yield* client.fork(EXEC, { atSeq: 9 })
+          expect(fork).toMatchObject({ id: EXEC2, status: "running", forkedFrom: EXEC, forkSeq: 9 })
+          yield* client.fork(EXEC, { atSeq: 9, session: "", policyBundle: "" })
+          yield* client.fork(EXEC, { atSeq: 3, session: "what-if:1", policyBundle: "default_action: deny\n" })
+          expect(requests.map((r) => [r.method, r.url, r.text])).toEqual([
+            ["POST", `${BASE}/v0/executions/${EXEC}/fork`, "{\"at_seq\":9}"],
+            ["POST", `${BASE}/v0/executions/${EXEC}/fork`, "{\"at_seq\":9}"],
+            [
+              "POST",
+              `${BASE}/v0/executions/${EXEC}/fork`,
+              "{\"at_seq\":3,\"session\":\"what-if:1\",\"policy_bundle\":\"default_action: deny\\n\"}"
+            ]
+          ])
+          expect(requests[0]!.headers["content-type"]).toBe("application/json")
+          const failed = failureOf(yield* Effect.exit(client.fork(EXEC, { atSeq: 9 })))
+          expect(failed).toMatchObject({ _tag: "KernelError", status: 503 })
+          expect(requests).toHaveLength(4)
+        })
+    ))
+
+  it.effect("fork: the restoration decodes per resource; none when the member is absent or not an object", () =>
+    withClient(
+      () => json(201, FORKED),
+      (client) =>
+        Effect.gen(function*() {
+          const fork = yield* client.fork(EXEC, { atSeq: 9 })
+          expect(Protocol.decodeRestoration(fork.restoration)).toEqual({
+            workspace: { checkpointRef: "snap-2", checkpointSeq: 7, covered: true }
+          })
+          expect(Protocol.decodeRestoration({ db: { covered: false } })).toEqual({ db: { covered: false } })
+          expect(Protocol.decodeRestoration(undefined)).toEqual({})
+          expect(Protocol.decodeRestoration([1])).toEqual({})
+        })
+    ))
+
+  it.effect("forkPoints: GET …/fork-points decoded; retried after a transport failure", () =>
+    withClient(
+      (_, index) =>
+        index === 0
+          ? "transport"
+          : json(200, {
+            latest_seq: 14,
+            resources: { workspace: 5 },
+            checkpoints: [
+              { key: "workspace", generation: 0, checkpoint_ref: "snap-0", covered_seq: 6, invalidated_seq: 10 },
+              { key: "workspace", generation: 2, checkpoint_ref: "snap-1", covered_seq: 12 }
+            ]
+          }),
+      (client, requests) =>
+        Effect.gen(function*() {
+          const points = yield* driveClock(client.forkPoints(EXEC)).pipe(Effect.flatMap((exit) => exit))
+          expect(points).toEqual({
+            latestSeq: 14,
+            resources: { workspace: 5 },
+            checkpoints: [
+              { key: "workspace", generation: 0, checkpointRef: "snap-0", coveredSeq: 6, invalidatedSeq: 10 },
+              { key: "workspace", generation: 2, checkpointRef: "snap-1", coveredSeq: 12 }
+            ]
+          })
+          expect(requests.map((r) => [r.method, r.url])).toEqual([
+            ["GET", `${BASE}/v0/executions/${EXEC}/fork-points`],
+            ["GET", `${BASE}/v0/executions/${EXEC}/fork-points`]
+          ])
+          // Seqs before the registration are covered; 6–9 and 12–14 by a checkpoint; 5, 10 and 11 are not.
+          expect([4, 5, 6, 9, 10, 11, 12, 14].map((seq) => Protocol.isCovered(points, seq))).toEqual([
+            true,
+            false,
+            true,
+            true,
+            false,
+            false,
+            true,
+            true
+          ])
+          expect(Protocol.latestCoveredSeq(points)).toBe(14)
+          expect(Protocol.latestCoveredSeq({ ...points, checkpoints: [points.checkpoints[0]!] })).toBe(9)
+          expect(Protocol.latestCoveredSeq({ latestSeq: 3, resources: { a: 1 }, checkpoints: [] })).toBeUndefined()
+        })
+    ))
+
+  it.effect("forkPoints: empty lists and maps (and null) decode as empty", () =>
+    withClient(
+      (_, index) =>
+        json(200, index === 0 ? { latest_seq: 3, resources: {}, checkpoints: [] } : { latest_seq: 3, resources: null, checkpoints: null }),
+      (client) =>
+        Effect.gen(function*() {
+          for (let i = 0; i < 2; i++) {
+            const points = yield* client.forkPoints(EXEC)
+            expect(points).toEqual({ latestSeq: 3, resources: {}, checkpoints: [] })
+            expect(Protocol.latestCoveredSeq(points)).toBe(3)
+          }
+        })
+    ))
+
+  describe("against the embedded kernel", () => {
+    const counter = Agent.make({
+      id: "counter",
+      handler: () =>
+        Effect.gen(function*() {
+          const a = yield* Step.run("one", Effect.succeed(1))
+          const b = yield* Step.run("two", Effect.succeed(2))
+          return a + b
+        })
+    })
+
+    it.effect("fork at a seq: the copied steps replay, the rest runs; refused forks create nothing", () =>
+      Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const client = yield* Client.Client
+        const source = yield* kernel.run(counter, {})
+        const points = yield* client.forkPoints(source.executionId)
+        expect(points.latestSeq).toBe(source.events.length)
+        expect(points).toMatchObject({ resources: {}, checkpoints: [] })
+        const oneDone = source.events.find((e) => e.type === "step.succeeded")!.eventSeq
+        const fork = yield* client.fork(source.executionId, { atSeq: oneDone })
+        expect(fork).toMatchObject({ forkedFrom: source.executionId, forkSeq: oneDone, status: "running" })
+        expect(fork.restoration).toBeUndefined()
+        const forked = yield* kernel.settle(fork.id)
+        expect(forked.output).toBe(3)
+        const refused = yield* Effect.flip(client.fork(source.executionId, { atSeq: points.latestSeq + 1 }))
+        expect(refused).toMatchObject({ status: 400, code: "validation_error" })
+        expect(refused.reason.description).toBe(`validation error: at_seq must be between 1 and ${points.latestSeq}`)
+        expect(yield* Effect.flip(client.fork("0192f1a0-0000-7000-8000-0000000000ff", { atSeq: 1 }))).toMatchObject({
+          status: 404
+        })
+        expect((yield* client.list()).executions).toHaveLength(2)
+      }).pipe(Effect.provide(TestKernel.layer({ agents: [counter] }))))
+  })
 })

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Effect, flow, Layer, Option, Redacted, Schema, Stream } from "effect"
+import { Context, Effect, flow, Layer, Logger, Option, Redacted, References, Schema, Stream } from "effect"
 import { Sse } from "effect/encoding"
 import { FetchHttpClient, HttpClient, HttpClientRequest, HttpClientResponse } from "effect/http"
 import type { HttpClientError } from "effect/http"
@@ -24,6 +24,7 @@ import {
   TransportError
 } from "../src/RebunoError.js"
 import { cutDeltas, DeltaBuffer } from "../src/internal/run/llmStream.js"
+import * as ReplayLog from "../src/internal/run/replayLog.js"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as FakeOpenAi from "./support/fakeOpenAi.js"
@@ -995,5 +996,38 @@ describe("LLM usage is recorded where the kernel reads it (PROTOCOL-CURRENT C.8.
         text: "{\"error\":{\"type\":\"rebuno_refusal\",\"message\":\"rebuno_refusal: blocked\"}}"
       })
       expect(Option.getOrUndefined(signal)).toMatchObject({ _tag: "Blocked", reason: "rate_limit_exceeded" })
+    }))
+})
+
+describe("replay-aware logging counts LLM calls (issue 13)", () => {
+  /** The handler's logging around one recorded LLM call, behind the run's replay tracker. */
+  const logged = (kernel: TestKernel, fake: FakeOpenAi.FakeOpenAi, attempt: number) => {
+    const lines: Array<string> = []
+    const capture = Logger.make<unknown, void>((options) => {
+      const marked = options.fiber.getRef(References.CurrentLogAnnotations)["rebuno.replaying"] === true
+      lines.push(`${marked ? "[replaying] " : ""}${String(Array.isArray(options.message) ? options.message[0] : options.message)}`)
+    })
+    return Effect.gen(function*() {
+      const execution = yield* Execution.Execution
+      const tracker = ReplayLog.track(execution.kernel, "mark")
+      yield* Effect.gen(function*() {
+        yield* Effect.log("asking")
+        yield* createCompletion
+        yield* Effect.log("answered")
+      }).pipe(
+        Effect.provideService(Logger.CurrentLoggers, ReplayLog.wrapLoggers(tracker, new Set([capture]))),
+        Effect.ensuring(Effect.sync(() => tracker.end()))
+      )
+      return lines
+    }).pipe(Effect.provide(openAiLayer(fake)), inRun(kernel, attempt))
+  }
+
+  it.effect("a replayed llm_call makes the lines around it replayed lines; a live one does not", () =>
+    Effect.gen(function*() {
+      const fake = yield* FakeOpenAi.scoped({ reply: "hi" })
+      const kernel = new TestKernel()
+      expect(yield* logged(kernel, fake, 1)).toEqual(["asking", "answered"])
+      expect(yield* logged(kernel, fake, 2)).toEqual(["[replaying] asking", "[replaying] answered"])
+      expect(fake.calls).toBe(1)
     }))
 })

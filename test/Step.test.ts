@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Option, Schema } from "effect"
+import { Data, Deferred, Effect, Fiber, Option, Schedule, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import * as Execution from "../src/Execution.js"
 import {
@@ -16,6 +16,7 @@ import {
   ToolError
 } from "../src/RebunoError.js"
 import * as Step from "../src/Step.js"
+import { failureReason } from "../src/internal/run/failureReason.js"
 import { FakeKernel } from "./support/FakeKernel.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -338,13 +339,18 @@ describe("Step.make", () => {
       expect(error).toBeInstanceOf(Terminated)
     }))
 
-  it.effect("a result that is not JSON is recorded as a failure and raised as ToolError", () =>
+  it.effect("a result that is not JSON is a StepDecodeError naming where; nothing is recorded", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel()
-      const error = yield* Effect.flip(Step.make({ kind: "local", target: "x", body: () => Effect.succeed(NaN) }).pipe(inRun(fake)))
-      expect(error).toBeInstanceOf(ToolError)
+      const error = yield* Effect.flip(
+        Step.run("x", Effect.succeed({ total: NaN })).pipe(inRun(fake))
+      )
+      expect(error).toBeInstanceOf(StepDecodeError)
+      expect(error.message).toMatch(/^x: result is not JSON at \$\.total: /)
+      // The failure reason says what it is: an agent bug, not a failed tool.
+      expect(failureReason(error)).toMatch(/^agent_error: StepDecodeError: x: result is not JSON at \$\.total: /)
       expect(fake.ops("completeStep")).toHaveLength(0)
-      expect(JSON.parse(fake.ops("failStep")[0]!.json!).message).toMatch(/not JSON/)
+      expect(fake.ops("failStep")).toHaveLength(0)
     }))
 })
 
@@ -405,5 +411,223 @@ describe("Step.now / random / uuid", () => {
       const second = yield* inRun(fake, run2)(Step.uuid)
       expect(first).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
       expect(second).toBe(first)
+    }))
+})
+
+describe("undeclared failures keep their tag (issue 13)", () => {
+  class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", { region: Schema.String }) {}
+  class Busy extends Data.TaggedError("Busy")<{ readonly message: string }> {}
+
+  it.effect("the recorded error, the ToolError and the failure reason name the tag, now and on replay", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const step = Step.make({
+        kind: "tool_call",
+        target: "order",
+        body: () => Effect.fail(new Overloaded({ region: "eu" }))
+      })
+      const first = (yield* Effect.flip(inRun(fake, run1)(step))) as ToolError
+      expect(fake.ops("failStep").map((c) => JSON.parse(c.json!))).toEqual([
+        { message: "Overloaded: {\"region\":\"eu\"}", _tag: "Overloaded" }
+      ])
+      expect(first).toBeInstanceOf(ToolError)
+      expect(first.message).toBe("order: Overloaded: {\"region\":\"eu\"}")
+      expect(failureReason(first)).toBe("tool_error: order: Overloaded: {\"region\":\"eu\"}")
+      const second = (yield* Effect.flip(inRun(fake, run2)(step))) as ToolError
+      expect(second.message).toBe(first.message)
+      expect((second.error as { readonly _tag: string })._tag).toBe("Overloaded")
+    }))
+
+  it.effect("a tagged error with a message: '<Tag>: <message>'; a plain Error stays '<message>'", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const busy = yield* Effect.flip(Step.run("a", Effect.fail(new Busy({ message: "try later" }))).pipe(inRun(fake)))
+      const plain = yield* Effect.flip(Step.run("b", Effect.fail(new Error("smtp down"))).pipe(inRun(fake)))
+      expect(busy.message).toBe("a: Busy: try later")
+      expect(plain.message).toBe("b: smtp down")
+      expect(fake.ops("failStep").map((c) => c.json)).toEqual([
+        "{\"message\":\"Busy: try later\",\"_tag\":\"Busy\"}",
+        "{\"message\":\"smtp down\"}"
+      ])
+    }))
+})
+
+describe("retry (issue 13)", () => {
+  /** A body that fails `failures` times, then succeeds with the number of tries. */
+  const flaky = (failures: number) => {
+    let tries = 0
+    return {
+      get tries() {
+        return tries
+      },
+      body: Effect.suspend(() => ++tries <= failures ? Effect.fail(new Error(`down ${tries}`)) : Effect.succeed(tries))
+    }
+  }
+
+  /** Let forked fibers run (bounded) and tell whether `fiber` is done without moving the clock. */
+  const settledWithoutTime = <A, E>(fiber: Fiber.Fiber<A, E>) =>
+    Effect.gen(function*() {
+      for (let i = 0; i < 50 && fiber.pollUnsafe() === undefined; i++) yield* Effect.yieldNow
+      return fiber.pollUnsafe() !== undefined
+    })
+
+  it.effect("each attempt is a step; failed ones record their number and retry time; the backoff is slept", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const body = flaky(2)
+      const step = Step.run("quote", body.body, { success: Schema.Number, retry: Schedule.exponential("1 second") })
+      const fiber = yield* Effect.forkChild(inRun(fake, run1)(step))
+      expect(yield* settledWithoutTime(fiber)).toBe(false)
+      expect(body.tries).toBe(1)
+      yield* TestClock.adjust("999 millis")
+      expect(body.tries).toBe(1)
+      yield* TestClock.adjust("1 milli")
+      expect(body.tries).toBe(2)
+      yield* TestClock.adjust("2 seconds")
+      expect(yield* Fiber.join(fiber)).toBe(3)
+      expect(fake.ops("submitStep").map((c) => [c.submission!.kind, c.submission!.target, c.submission!.argsJson]))
+        .toEqual([["local", "quote", "{}"], ["local", "quote", "{}"], ["local", "quote", "{}"]])
+      expect(fake.ops("failStep").map((c) => JSON.parse(c.json!))).toEqual([
+        { message: "down 1", attempt: 1, retry_at_ms: 1_000 },
+        { message: "down 2", attempt: 2, retry_at_ms: 3_000 }
+      ])
+      expect(fake.ops("completeStep").map((c) => c.json)).toEqual(["3"])
+      expect(new Set(fake.ops("submitStep").map((c) => c.at))).toEqual(new Set([0, 1_000, 3_000]))
+    }))
+
+  it.effect("a replay follows the recorded attempts without sleeping and without running the body", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const body = flaky(2)
+      const step = Step.run("quote", body.body, { success: Schema.Number, retry: Schedule.exponential("1 second") })
+      const first = yield* Effect.forkChild(inRun(fake, run1)(step))
+      yield* TestClock.adjust("3 seconds")
+      expect(yield* Fiber.join(first)).toBe(3)
+      const replayed = yield* Effect.forkChild(inRun(fake, run2)(step))
+      // No time passes: a replay that slept through the backoff again would not finish.
+      expect(yield* settledWithoutTime(replayed)).toBe(true)
+      expect(yield* Fiber.join(replayed)).toBe(3)
+      expect(body.tries).toBe(3)
+      expect(fake.ops("submitStep")).toHaveLength(6)
+      expect(fake.ops("failStep")).toHaveLength(2)
+    }))
+
+  it.effect("exhausted: the last failure is raised and recorded without a retry time; a replay raises it too", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const body = flaky(10)
+      const step = Step.run("quote", body.body, { retry: Schedule.spaced("1 second").pipe(Schedule.upTo({ times: 1 })) })
+      const first = yield* Effect.forkChild(Effect.flip(inRun(fake, run1)(step)))
+      yield* TestClock.adjust("1 second")
+      const error = (yield* Fiber.join(first)) as ToolError
+      expect(error).toBeInstanceOf(ToolError)
+      expect(error.message).toBe("quote: down 2")
+      expect(error.error).toEqual({ message: "down 2", attempt: 2 })
+      expect(body.tries).toBe(2)
+      const again = (yield* Effect.flip(inRun(fake, run2)(step))) as ToolError
+      expect(again.message).toBe("quote: down 2")
+      expect(body.tries).toBe(2)
+    }))
+
+  it.effect("a crash during the backoff: the re-run sleeps only what is left of it", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const body = flaky(1)
+      const step = Step.run("quote", body.body, { success: Schema.Number, retry: Schedule.spaced("10 seconds") })
+      const crashed = yield* Effect.forkChild(inRun(fake, run1)(step))
+      yield* TestClock.adjust("4 seconds")
+      yield* Fiber.interrupt(crashed)
+      const rerun = yield* Effect.forkChild(inRun(fake, run2)(step))
+      expect(yield* settledWithoutTime(rerun)).toBe(false)
+      yield* TestClock.adjust("5999 millis")
+      expect(body.tries).toBe(1)
+      yield* TestClock.adjust("1 milli")
+      expect(yield* Fiber.join(rerun)).toBe(2)
+      expect(fake.ops("submitStep").map((c) => c.at)).toEqual([0, 4_000, 10_000])
+    }))
+
+  it.effect("typed failures feed the schedule and are recorded with their attempt; denials are not retried", () =>
+    Effect.gen(function*() {
+      class OutOfStock extends Schema.TaggedError<OutOfStock>()("OutOfStock", { sku: Schema.String }) {}
+      const fake = new FakeKernel()
+      let tries = 0
+      const step = Step.make({
+        kind: "tool_call",
+        target: "order",
+        failure: OutOfStock,
+        retry: Schedule.recurs(3).pipe(Schedule.while(({ input }) => (input as OutOfStock).sku !== "B")),
+        body: () => Effect.fail(new OutOfStock({ sku: ++tries === 1 ? "A" : "B" }))
+      })
+      const error = yield* Effect.flip(inRun(fake)(step))
+      expect(error).toBeInstanceOf(OutOfStock)
+      expect((error as OutOfStock).sku).toBe("B")
+      expect(fake.ops("failStep").map((c) => JSON.parse(c.json!))).toEqual([
+        { message: "", failure: { _tag: "OutOfStock", sku: "A" }, attempt: 1, retry_at_ms: 0 },
+        { message: "", failure: { _tag: "OutOfStock", sku: "B" }, attempt: 2 }
+      ])
+
+      const denied = new FakeKernel()
+      denied.script.push({ decision: "denied", stepId: "s", reason: "no" })
+      const refused = yield* Effect.flip(
+        Step.run("x", Effect.succeed(1), { retry: Schedule.recurs(5) }).pipe(inRun(denied))
+      )
+      expect(refused).toBeInstanceOf(PolicyError)
+      expect(denied.ops("submitStep")).toHaveLength(1)
+    }))
+
+  it.effect("without retry nothing changes: one step, the error object without attempt", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      yield* Effect.flip(Step.run("x", Effect.fail(new Error("no"))).pipe(inRun(fake)))
+      expect(fake.ops("failStep").map((c) => c.json)).toEqual(["{\"message\":\"no\"}"])
+    }))
+})
+
+describe("Step.sleep / Step.sleepUntil (issue 13)", () => {
+  it.effect("records the deadline once as the local step sleep and sleeps until it", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      yield* TestClock.setTime(5_000)
+      const fiber = yield* Effect.forkChild(inRun(fake)(Step.sleep("10 seconds")))
+      yield* TestClock.adjust("9999 millis")
+      expect(fiber.pollUnsafe()).toBeUndefined()
+      yield* TestClock.adjust("1 milli")
+      yield* Fiber.join(fiber)
+      const submit = fake.ops("submitStep")[0]!.submission!
+      expect([submit.kind, submit.target, submit.argsJson]).toEqual(["local", "sleep", "{\"duration_ms\":10000}"])
+      expect(fake.ops("completeStep").map((c) => c.json)).toEqual(["15000"])
+    }))
+
+  it.effect("a crash mid-sleep: the re-run replays the deadline and sleeps only the remainder", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      let after = 0
+      const program = Effect.andThen(Step.sleep("1 hour"), Effect.sync(() => after++))
+      const crashed = yield* Effect.forkChild(inRun(fake, run1)(program))
+      yield* TestClock.adjust("40 minutes")
+      yield* Fiber.interrupt(crashed)
+      const rerun = yield* Effect.forkChild(inRun(fake, run2)(program))
+      yield* TestClock.adjust("19 minutes")
+      expect(after).toBe(0)
+      yield* TestClock.adjust("1 minute")
+      yield* Fiber.join(rerun)
+      expect(after).toBe(1)
+      expect(fake.ops("completeStep")).toHaveLength(1)
+      // A re-run after the deadline does not sleep at all.
+      yield* inRun(fake, { ...run2, dispatchAttempt: 3 })(Step.sleep("1 hour"))
+    }))
+
+  it.effect("sleepUntil: the deadline is the argument; a passed deadline returns at once", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      yield* TestClock.setTime(1_000)
+      const fiber = yield* Effect.forkChild(inRun(fake)(Step.sleepUntil(3_000)))
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(fiber)
+      yield* inRun(fake)(Step.sleepUntil(2_000))
+      expect(fake.ops("submitStep").map((c) => c.submission!.argsJson)).toEqual([
+        "{\"until_ms\":3000}",
+        "{\"until_ms\":2000}"
+      ])
     }))
 })

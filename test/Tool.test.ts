@@ -1,8 +1,11 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Schema } from "effect"
+import { Effect, Schedule, Schema } from "effect"
+import * as Agent from "../src/Agent.js"
 import * as Execution from "../src/Execution.js"
 import { InvalidArguments, PolicyError, ToolError } from "../src/RebunoError.js"
+import * as Step from "../src/Step.js"
 import * as Tool from "../src/Tool.js"
+import { TestKernel } from "../src/testing/index.js"
 import { FakeKernel } from "./support/FakeKernel.js"
 
 const EXEC = "0192f1a0-0000-7000-8000-000000000000"
@@ -188,5 +191,97 @@ describe("typing", () => {
       // @ts-expect-error Execution is missing from the context
       Effect.runPromise(search({ query: "x", limit: 1 }))
     expect(typeof call).toBe("function")
+  })
+})
+
+describe("issue 13 papercuts on the test kit", () => {
+  class CardDeclined extends Schema.TaggedError<CardDeclined>()("CardDeclined", { code: Schema.String }) {}
+
+  it.effect("an undeclared tagged failure reaches the failure reason with its tag", () => {
+    const charge = Tool.make("charge", {
+      args: Schema.Struct({ cents: Schema.Number }),
+      success: Schema.String,
+      execute: () => Effect.fail(new CardDeclined({ code: "insufficient_funds" }))
+    })
+    const shop = Agent.make({ id: "shop", handler: () => charge({ cents: 100 }) })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(shop, {})
+      expect(run.status).toBe("failed")
+      expect(run.failureReason).toBe("tool_error: charge: CardDeclined: {\"code\":\"insufficient_funds\"}")
+      expect(run.steps.map((s) => s.error)).toEqual([
+        { message: "CardDeclined: {\"code\":\"insufficient_funds\"}", _tag: "CardDeclined" }
+      ])
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [shop] })))
+  })
+
+  it.effect("retry: every attempt is a recorded step; after a crash the re-run replays them without sleeping", () => {
+    let tries = 0
+    const quote = Tool.make("quote", {
+      args: Schema.Struct({ symbol: Schema.String }),
+      success: Schema.Number,
+      retry: Schedule.exponential("10 seconds"),
+      execute: () => Effect.suspend(() => ++tries < 3 ? Effect.fail(new Error(`busy ${tries}`)) : Effect.succeed(42))
+    })
+    const trader = Agent.make({
+      id: "trader",
+      handler: () =>
+        Effect.gen(function*() {
+          const price = yield* quote({ symbol: "EFCT" })
+          return yield* Step.run("after", Effect.succeed(price))
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      // The crash comes after the third attempt is recorded: the re-run replays all three.
+      const run = yield* kernel.run(trader, {}, { crash: { afterSteps: 3 } })
+      expect(run.status).toBe("completed")
+      expect(run.output).toBe(42)
+      expect(tries).toBe(3)
+      expect(run.deliveries).toBe(2)
+      const attempts = run.steps.filter((s) => s.target === "quote")
+      expect(attempts.map((s) => [s.status, s.occurrence])).toEqual(
+        expect.arrayContaining([["failed", 0], ["failed", 1], ["succeeded", 2]])
+      )
+      expect(attempts.map((s) => (s.error as { readonly attempt?: number } | undefined)?.attempt).sort()).toEqual([
+        1,
+        2,
+        undefined
+      ])
+      const submits = run.calls.filter((c) => c.call === "submitStep" && c.target === "quote")
+      const first = submits.filter((c) => c.attempt === 1).map((c) => c.atMs)
+      const second = submits.filter((c) => c.attempt === 2).map((c) => c.atMs)
+      // The first run slept through the backoff (10 s, then 20 s) ...
+      expect(first[1]! - first[0]!).toBe(10_000)
+      expect(first[2]! - first[1]!).toBe(20_000)
+      // ... the re-run replayed the three attempts at once.
+      expect(second).toHaveLength(3)
+      expect(new Set(second).size).toBe(1)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [trader] })))
+  })
+
+  it.effect("Step.sleep: a crash mid-sleep, and the re-run sleeps only the remainder", () => {
+    let reminded = 0
+    const followUp = Agent.make({
+      id: "follow-up",
+      handler: () =>
+        Effect.gen(function*() {
+          yield* Step.sleep("1 hour")
+          yield* Step.run("remind", Effect.sync(() => ++reminded))
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(followUp, {}, { crash: { afterSteps: 1 } })
+      expect(run.status).toBe("completed")
+      expect(run.deliveries).toBe(2)
+      expect(reminded).toBe(1)
+      const sleep = run.steps.find((s) => s.target === "sleep")!
+      const deadline = sleep.result as number
+      const remind = run.calls.find((c) => c.call === "submitStep" && c.target === "remind")!
+      // Woken at the recorded deadline, not an hour after the re-run started.
+      expect(remind.atMs).toBe(deadline)
+      expect(remind.attempt).toBe(2)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [followUp] })))
   })
 })

@@ -3,7 +3,11 @@
  * The `effect-rebuno` command line. `effect-rebuno dev` starts the embedded
  * kernel with the reference kernel's dev manifest format and `REBUNO_*`
  * settings (flags win over the environment), prints the URL it listens on and
- * the agents it registered, and serves until interrupted.
+ * the agents it registered, and serves until interrupted. It listens on
+ * `127.0.0.1` unless told otherwise (`--host 0.0.0.0`). Its log lines — every
+ * failed webhook delivery with its cause, among others — go to standard error,
+ * one per line, as logfmt text or JSON (`--log-format`, `REBUNO_LOG_FORMAT`),
+ * from `info` up unless `--log-level` or `REBUNO_LOG_LEVEL` says otherwise.
  *
  * @since 0.1.0
  */
@@ -14,15 +18,20 @@ import * as CliError from "effect/cli/CliError"
 import * as CliOutput from "effect/cli/CliOutput"
 import * as Command from "effect/cli/Command"
 import * as Flag from "effect/cli/Flag"
+import * as GlobalFlag from "effect/cli/GlobalFlag"
 import * as Config from "effect/Config"
 import * as ConfigProvider from "effect/ConfigProvider"
 import * as Console from "effect/Console"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as HttpServerError from "effect/http/HttpServerError"
+import type * as LogLevel from "effect/LogLevel"
 import * as Option from "effect/Option"
 import * as Predicate from "effect/Predicate"
+import * as References from "effect/References"
 import * as Runtime from "effect/Runtime"
+import * as Net from "node:net"
 import * as KernelConfig from "../kernel/Config.js"
 import * as Kernel from "../kernel/index.js"
 import { parseMillis } from "../kernel/internal/duration.js"
@@ -52,7 +61,10 @@ const positiveIntFlag = (name: string, description: string) =>
 
 const devFlags = {
   host: Flag.String("host").pipe(
-    Flag.withDescription("Interface to listen on (default 127.0.0.1, or the host of REBUNO_LISTEN_ADDR)"),
+    Flag.withDescription(
+      "Interface to listen on (default 127.0.0.1: this machine only, or the host of REBUNO_LISTEN_ADDR); " +
+        "--host 0.0.0.0 accepts connections from other machines and containers"
+    ),
     Flag.optional
   ),
   port: Flag.Int("port").pipe(
@@ -77,8 +89,88 @@ const devFlags = {
   stage: Flag.Literals("stage", stages).pipe(
     Flag.withDescription("Protocol stage: current, seed or v0.14.0 (REBUNO_STAGE, default current)"),
     Flag.optional
+  ),
+  logFormat: Flag.Literals("log-format", Kernel.logFormats).pipe(
+    Flag.withDescription(
+      "Log lines on stderr, one per entry: text (logfmt) or json (REBUNO_LOG_FORMAT, default text); " +
+        "the level is --log-level (REBUNO_LOG_LEVEL, default info)"
+    ),
+    Flag.optional
   )
 }
+
+/** The log levels `REBUNO_LOG_LEVEL` accepts: those of `--log-level`. */
+const logLevels: ReadonlyArray<readonly [string, LogLevel.LogLevel]> = [
+  ["all", "All"],
+  ["trace", "Trace"],
+  ["debug", "Debug"],
+  ["info", "Info"],
+  ["warn", "Warn"],
+  ["warning", "Warn"],
+  ["error", "Error"],
+  ["fatal", "Fatal"],
+  ["none", "None"]
+]
+
+/** A variable holding one of `choices` (case and surrounding whitespace ignored). */
+const choiceVariable = <A>(name: string, what: string, choices: ReadonlyArray<readonly [string, A]>) =>
+  Config.String(name).pipe(
+    Config.mapEffect((text) => {
+      const found = choices.find(([choice]) => choice === text.trim().toLowerCase())
+      return found === undefined
+        ? Effect.fail(
+          new Config.ConfigError(
+            new ConfigProvider.SourceError({
+              message: `Invalid data at ${name}: invalid ${what} ${JSON.stringify(text)} (expected one of: ${
+                choices.map(([choice]) => choice).join(", ")
+              })`
+            })
+          )
+        )
+        : Effect.succeed(found[1])
+    })
+  )
+
+/** `REBUNO_LOG_FORMAT` and `REBUNO_LOG_LEVEL` (the reference kernel's variables). */
+const logConfig = Config.all({
+  format: Config.option(
+    choiceVariable("REBUNO_LOG_FORMAT", "format", Kernel.logFormats.map((format) => [format, format] as const))
+  ),
+  level: Config.option(choiceVariable("REBUNO_LOG_LEVEL", "level", logLevels))
+})
+
+/**
+ * Whether something accepts TCP connections at a webhook URL's host and port:
+ * `false` when the connection is refused or fails, `undefined` when the URL
+ * cannot be parsed or no answer comes within `timeoutMs`.
+ */
+const probeWebhook = (url: string, timeoutMs = 300): Effect.Effect<boolean | undefined> => {
+  let target: URL
+  try {
+    target = new URL(url)
+  } catch {
+    return Effect.succeed(undefined)
+  }
+  if (target.protocol !== "http:" && target.protocol !== "https:") return Effect.succeed(undefined)
+  const port = target.port !== "" ? Number(target.port) : target.protocol === "https:" ? 443 : 80
+  const host = target.hostname.startsWith("[") ? target.hostname.slice(1, -1) : target.hostname
+  return Effect.callback<boolean>((resume) => {
+    const socket = Net.connect({ host, port })
+    socket.once("connect", () => {
+      socket.destroy()
+      resume(Effect.succeed(true))
+    })
+    socket.once("error", () => {
+      socket.destroy()
+      resume(Effect.succeed(false))
+    })
+    return Effect.sync(() => socket.destroy())
+  }).pipe(Effect.timeoutOption(Duration.millis(timeoutMs)), Effect.map(Option.getOrUndefined))
+}
+
+/** Hosts that only this machine can reach. */
+const isLoopback = (host: string): boolean =>
+  host === "localhost" || host === "::1" || host === "[::1]" || host.startsWith("127.")
 
 /** The one line printed on stderr when `dev` cannot start. */
 const describeFailure = (error: unknown): string =>
@@ -97,6 +189,20 @@ const describeFailure = (error: unknown): string =>
  * @category commands
  */
 export const dev = Command.make("dev", devFlags, (flags) =>
+  Effect.gen(function*() {
+    const logging = yield* logConfig
+    const format = Option.getOrElse(Option.orElse(flags.logFormat, () => logging.format), () => "text" as const)
+    // `--log-level` (effect/cli's global flag) has set the level already; else REBUNO_LOG_LEVEL does.
+    const levelFlag = yield* GlobalFlag.LogLevel
+    const level = Option.isSome(levelFlag) ? Option.none() : logging.level
+    const served = serveDev(flags).pipe(Effect.provide(Kernel.layerLogger(format)))
+    return yield* Option.isSome(level) ? Effect.provideService(served, References.MinimumLogLevel, level.value) : served
+  }).pipe(
+    Effect.scoped,
+    Effect.tapError((error) => Console.error(`effect-rebuno: ${describeFailure(error)}`))
+  )).pipe(Command.withDescription("Run the embedded in-memory Rebuno kernel"))
+
+const serveDev = (flags: Command.Command.Config.Infer<typeof devFlags>) =>
   Effect.gen(function*() {
     const env = yield* KernelConfig.kernelConfig
     const listen = Option.getOrUndefined(env.listen)
@@ -125,20 +231,24 @@ export const dev = Command.make("dev", devFlags, (flags) =>
       stage
     })
     yield* Console.log(`effect-rebuno dev kernel listening on ${kernel.url}`)
+    if (isLoopback(host)) {
+      yield* Console.log("reachable from this machine only (--host 0.0.0.0 to accept other machines and containers)")
+    }
     if (kernel.agents.length === 0) {
       yield* Console.log("no agents registered (use --config manifest.yaml or POST /v0/agents)")
     }
-    for (const agent of kernel.agents) {
-      yield* Console.log(`registered agent ${agent.id} -> ${agent.webhookUrl}`)
+    const reachable = yield* Effect.forEach(kernel.agents, (agent) => probeWebhook(agent.webhookUrl), {
+      concurrency: "unbounded"
+    })
+    for (const [i, agent] of kernel.agents.entries()) {
+      const note = reachable[i] === false ? " (nothing is listening there yet: deliveries fail until the agent runs)" : ""
+      yield* Console.log(`registered agent ${agent.id} -> ${agent.webhookUrl}${note}`)
     }
     yield* Console.log(apiToken === undefined ? "bearer auth: off (dev mode)" : "bearer auth: on")
     yield* Console.log(`protocol stage: ${stage}`)
     if (Option.isSome(env.judge)) yield* Console.log(`judge: ${env.judge.value.url}`)
     return yield* Effect.never
-  }).pipe(
-    Effect.scoped,
-    Effect.tapError((error) => Console.error(`effect-rebuno: ${describeFailure(error)}`))
-  )).pipe(Command.withDescription("Run the embedded in-memory Rebuno kernel"))
+  })
 
 /**
  * The `effect-rebuno` root command.

@@ -26,6 +26,7 @@ import { ApprovalTable } from "./internal/approvalTable.js"
 import * as Approvals from "./internal/approvals.js"
 import { Deltas } from "./internal/deltas.js"
 import * as Delivery from "./internal/delivery.js"
+import type { DeliveryCause, DeliveryRecorded } from "./internal/delivery.js"
 import { DispatchQueue, snapshot as snapshotDispatch } from "./internal/dispatchQueue.js"
 import { ExecutionTable } from "./internal/executions.js"
 import * as Lifecycle from "./internal/lifecycle.js"
@@ -34,6 +35,7 @@ import type {
   AgentRecord,
   ApiKeyRecord,
   ApprovalRecord,
+  CaptureRecords,
   Claim,
   Decision,
   Delta,
@@ -42,14 +44,22 @@ import type {
   EventRecord,
   ExecutionPage,
   ExecutionRecord,
+  ForkPoints,
+  ForkRequest,
+  ForkResult,
   IssuedApiKey,
   Lease,
+  ResourceRecord,
+  ResourceRegistration,
   Settings,
   SpawnedBy,
   StepRecord
 } from "./internal/model.js"
 import { defaultSettings, KernelFailure, notFound } from "./internal/model.js"
+import * as Forks from "./internal/forks.js"
+import * as Resources from "./internal/resources.js"
 import type { CoreState } from "./internal/state.js"
+import { isCurrent } from "./internal/state.js"
 import * as Steps from "./internal/steps.js"
 
 export {
@@ -64,6 +74,19 @@ export {
    */
   KernelFailure
 } from "./internal/model.js"
+
+export type {
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  DeliveryCause,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  DeliveryRecorded
+} from "./internal/delivery.js"
 
 export type {
   /**
@@ -170,7 +193,67 @@ export type {
    * @since 0.1.0
    * @category models
    */
-  StepRecord
+  StepRecord,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  Capture,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  CaptureFailure,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  CaptureRecords,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  CheckpointRecord,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ForkPoints,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ForkRequest,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ForkResult,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ResourceRecord,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ResourceRegistration,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  ResourceTouch,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  Restoration,
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  StepOverride
 } from "./internal/model.js"
 
 /**
@@ -342,17 +425,25 @@ export interface KernelCore {
       readonly resources?: ReadonlyArray<string> | undefined
     }
   ) => Effect.Effect<Decision, KernelFailure>
+  /**
+   * PROTOCOL 6.4. In the current stage the `captures` sent with the outcome
+   * are recorded (PROTOCOL-CURRENT C.6.5; refusals never fail the call) and
+   * the step counts against the resources it declared.
+   */
   readonly completeStep: (
     executionId: string,
     stepId: string,
     lease: Lease,
-    resultRaw: string | undefined
+    resultRaw: string | undefined,
+    captures?: CaptureRecords | undefined
   ) => Effect.Effect<Decision, KernelFailure>
+  /** PROTOCOL 6.5; `captures` as for {@link completeStep}. */
   readonly failStep: (
     executionId: string,
     stepId: string,
     lease: Lease,
-    errorRaw: string | undefined
+    errorRaw: string | undefined,
+    captures?: CaptureRecords | undefined
   ) => Effect.Effect<Decision, KernelFailure>
   /**
    * {@link submitStep} as a plain function of the current time (epoch ms), for
@@ -381,7 +472,8 @@ export interface KernelCore {
     stepId: string,
     lease: Lease,
     outcome: "succeeded" | "failed",
-    raw: string | undefined
+    raw: string | undefined,
+    captures?: CaptureRecords | undefined
   ) => Decision | KernelFailure
   readonly heartbeat: (executionId: string, lease: Lease) => Effect.Effect<void, KernelFailure>
   /**
@@ -395,6 +487,62 @@ export interface KernelCore {
     stateRaw?: string | undefined
   ) => Effect.Effect<void, KernelFailure>
   readonly failExecution: (executionId: string, lease: Lease, error: string) => Effect.Effect<void, KernelFailure>
+
+  /**
+   * PROTOCOL-CURRENT C.6.2: register a resource on a running execution (the
+   * lease renewed), or read an existing one back. The member checks come
+   * first (`400`), then `404`, `409 execution_terminal`, `409
+   * lease_superseded`; an existing key registered with another driver,
+   * configuration or `coverage_reuse` is `409 conflict`.
+   */
+  readonly registerResource: (
+    executionId: string,
+    lease: Lease,
+    registration: ResourceRegistration
+  ) => Effect.Effect<ResourceRecord, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.6.3: bind a resource to a JSON locator (`bindingRaw`,
+   * raw JSON). Binding again to canonically equal JSON writes nothing; to
+   * other JSON is `409 conflict`; an unknown key `404`.
+   */
+  readonly bindResource: (
+    executionId: string,
+    key: string,
+    lease: Lease,
+    bindingRaw: string | undefined
+  ) => Effect.Effect<void, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.6.6: record captures outside a step outcome (a
+   * baseline after registration, the completion checkpoint), covering from
+   * the execution's latest seq.
+   */
+  readonly publishCheckpoints: (
+    executionId: string,
+    lease: Lease,
+    records: CaptureRecords
+  ) => Effect.Effect<void, KernelFailure>
+  /** The resources of an execution, in registration order (C.6.1); `404` when unknown. */
+  readonly listResources: (executionId: string) => Effect.Effect<ReadonlyArray<ResourceRecord>, KernelFailure>
+  /**
+   * PROTOCOL-CURRENT C.7.1, C.7.2: fork an execution at `atSeq`. The copied
+   * steps replay in the fork, everything after runs live under the fork's
+   * policy. Checks in order: `404`; session `400`/`409`; `at_seq` `400`; a
+   * `policyBundle` without `mayWritePolicies` `403` or that does not compile
+   * `400`. The programmatic `overrides` (test kit "what if" tests, never on
+   * the wire) replace the recorded outcome of copied steps, by source step id.
+   *
+   * @example
+   * ```ts
+   * // the fork replays "charge" as if it had failed
+   * const { execution } = yield* core.fork(sourceId, {
+   *   atSeq: 12,
+   *   overrides: { [chargeStepId]: { error: { message: "card declined" } } }
+   * })
+   * ```
+   */
+  readonly fork: (sourceId: string, request: ForkRequest) => Effect.Effect<ForkResult, KernelFailure>
+  /** PROTOCOL-CURRENT C.7.3: the points an execution may be forked at; `404` when unknown. */
+  readonly forkPoints: (executionId: string) => Effect.Effect<ForkPoints, KernelFailure>
 
   /** Fan a delta out to the execution's subscribers (drops when a buffer is full). */
   readonly publishDelta: (executionId: string, d: Delta) => Effect.Effect<void>
@@ -411,8 +559,16 @@ export interface KernelCore {
    * deliverable claims are returned; `limit` bounds the dispatches claimed.
    */
   readonly claimDue: (limit: number) => Effect.Effect<ReadonlyArray<Claim>>
-  /** 5.4 step 6, fenced on `(dispatch_id, attempt)` (not in compat mode). */
-  readonly recordDelivery: (claim: Claim, ok: boolean) => Effect.Effect<void>
+  /**
+   * 5.4 step 6, fenced on `(dispatch_id, attempt)` (not in compat mode). The
+   * cause of a failed delivery goes on `dispatch.failed` as `error` (current
+   * stage); the answer says what was recorded.
+   */
+  readonly recordDelivery: (
+    claim: Claim,
+    ok: boolean,
+    cause?: DeliveryCause | undefined
+  ) => Effect.Effect<DeliveryRecorded>
   /** 9.4 sweep; returns the number expired. */
   readonly expireApprovals: () => Effect.Effect<number>
   /** 11.1 deadline sweep; returns the number cancelled. */
@@ -472,8 +628,8 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
 
   const submit: KernelCore["unsafeSubmitStep"] = (now, executionId, lease, s) =>
     Steps.submit(state, now, executionId, lease, s)
-  const settleStep: KernelCore["unsafeSettleStep"] = (now, executionId, stepId, lease, outcome, raw) =>
-    Steps.settle(state, now, executionId, stepId, lease, outcome, raw)
+  const settleStep: KernelCore["unsafeSettleStep"] = (now, executionId, stepId, lease, outcome, raw, captures) =>
+    Steps.settle(state, now, executionId, stepId, lease, outcome, raw, isCurrent(state) ? captures : undefined)
 
   const core: KernelCore = {
     get settings() {
@@ -519,15 +675,25 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     submitStep: (executionId, lease, s) => Steps.submitEffect(state, executionId, lease, s),
     unsafeSubmitStep: submit,
     unsafeSettleStep: settleStep,
-    completeStep: (executionId, stepId, lease, resultRaw) =>
-      atomic((now) => settleStep(now, executionId, stepId, lease, "succeeded", resultRaw)),
-    failStep: (executionId, stepId, lease, errorRaw) =>
-      atomic((now) => settleStep(now, executionId, stepId, lease, "failed", errorRaw)),
+    completeStep: (executionId, stepId, lease, resultRaw, captures) =>
+      atomic((now) => settleStep(now, executionId, stepId, lease, "succeeded", resultRaw, captures)),
+    failStep: (executionId, stepId, lease, errorRaw, captures) =>
+      atomic((now) => settleStep(now, executionId, stepId, lease, "failed", errorRaw, captures)),
     heartbeat: (executionId, lease) => atomic((now) => Lifecycle.heartbeat(state, executionId, lease, now)),
     completeExecution: (executionId, lease, outputRaw, stateRaw) =>
       atomic((now) => Lifecycle.finish(state, now, executionId, lease, { _tag: "completed", outputRaw, stateRaw })),
     failExecution: (executionId, lease, error) =>
       atomic((now) => Lifecycle.finish(state, now, executionId, lease, { _tag: "failed", reason: error })),
+
+    registerResource: (executionId, lease, registration) =>
+      atomic((now) => Resources.register(state, executionId, lease, registration, now)),
+    bindResource: (executionId, key, lease, bindingRaw) =>
+      atomic((now) => Resources.bind(state, executionId, key, lease, bindingRaw, now)),
+    publishCheckpoints: (executionId, lease, records) =>
+      atomic((now) => Resources.publish(state, executionId, lease, records, now)),
+    listResources: (executionId) => read(() => Resources.list(state, executionId)),
+    fork: (sourceId, request) => atomic((now) => Forks.fork(state, sourceId, request, now)),
+    forkPoints: (executionId) => read(() => Resources.forkPoints(state, executionId)),
 
     publishDelta: (executionId, d) => Effect.sync(() => deltas.publish(executionId, d)),
     subscribeDeltas: (executionId) => deltas.subscribe(executionId),
@@ -535,7 +701,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     reclaimStale: () => atomicTotal((now) => dispatches.reclaimStale(now)),
     expireLeases: () => atomicTotal((now) => dispatches.reclaimAll(now)),
     claimDue: (limit) => atomicTotal((now) => Delivery.claimDue(state, limit, now)),
-    recordDelivery: (claim, ok) => atomicTotal((now) => Delivery.recordDelivery(state, claim, ok, now)),
+    recordDelivery: (claim, ok, cause) => atomicTotal((now) => Delivery.recordDelivery(state, claim, ok, now, cause)),
     expireApprovals: () => atomicTotal((now) => Approvals.expireDue(state, now)),
     cancelPastDeadline: () => atomicTotal((now) => Lifecycle.cancelPastDeadline(state, now)),
     enqueued: Effect.asVoid(Queue.take(signal)),

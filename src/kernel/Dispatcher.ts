@@ -11,34 +11,82 @@
  * plugs in an in-process deliverer. `tick` runs one tick on demand and awaits its
  * deliveries (the test hook of 16.4).
  *
+ * Every failed delivery is logged (`Warning`) with the agent id, its webhook
+ * URL, the execution, dispatch and attempt as log annotations and the cause
+ * in the message — the HTTP status the agent answered, a refused connection,
+ * a timeout — with a hint at the usual mistake; the last one is followed by
+ * an `Error` line for the execution failing with `dispatch_exhausted`. A
+ * delivery that succeeds is logged at `Debug`. In the current stage the
+ * cause is also recorded on the `dispatch.failed` event as
+ * `error: {message, reason, status?}`.
+ *
  * @since 0.1.0
  */
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
+import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Semaphore from "effect/Semaphore"
 import * as HttpClient from "effect/http/HttpClient"
 import type * as HttpClientError from "effect/http/HttpClientError"
 import * as HttpClientRequest from "effect/http/HttpClientRequest"
+import { STATUS_CODES } from "node:http"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Wire from "./Wire.js"
 
 /**
- * Sends one webhook. Succeeds with `true` when the agent answered 2xx and with
- * `false` for any other outcome; never fails. Like a webhook answer, it should
- * resolve once the agent has accepted the dispatch, not when its run ends: a
- * tick awaits its deliveries.
+ * Why a webhook delivery failed, as the default deliverer reports it:
+ *
+ * - `http_status`: the agent answered something other than 2xx (`status`);
+ * - `too_many_redirects`: more than 10 redirects (`status` of the last);
+ * - `connection_refused`: nothing listens at the webhook URL;
+ * - `timeout`: no answer within the webhook timeout;
+ * - `network_error`: any other transport failure (unknown host, reset, bad URL);
+ * - `internal_error`: the deliverer itself failed unexpectedly.
+ *
+ * `message` is the readable cause (`the agent answered 401 Unauthorized`,
+ * `connection refused`, `no answer within 30s`). The dispatcher logs it and,
+ * in the current stage, records it on `dispatch.failed` as
+ * `error: {message, reason, status?}`.
+ *
+ * @since 0.2.0
+ * @category errors
+ */
+export class DeliveryError extends Schema.TaggedError<DeliveryError>("effect-rebuno/kernel/DeliveryError")(
+  "DeliveryError",
+  {
+    reason: Schema.Literals([
+      "http_status",
+      "too_many_redirects",
+      "connection_refused",
+      "timeout",
+      "network_error",
+      "internal_error"
+    ]),
+    message: Schema.String,
+    status: Schema.optional(Schema.Int)
+  }
+) {}
+
+/**
+ * Sends one webhook. Succeeds with `true` when the agent answered 2xx; any
+ * other outcome is a failed delivery: fail with a {@link DeliveryError} saying
+ * why (or succeed with `false` when there is no cause to tell). Like a webhook
+ * answer, it should resolve once the agent has accepted the dispatch, not when
+ * its run ends: a tick awaits its deliveries.
  *
  * @since 0.1.0
  * @category models
  */
 export interface Deliver {
-  (claim: Core.Claim, body: string, signature: string): Effect.Effect<boolean>
+  (claim: Core.Claim, body: string, signature: string): Effect.Effect<boolean, DeliveryError>
 }
 
 /**
@@ -116,11 +164,77 @@ export const webhookBody = (claim: Core.Claim, stage: Core.Stage): string =>
 const isRedirect = (status: number): boolean =>
   status === 301 || status === 302 || status === 303 || status === 307 || status === 308
 
+const statusText = (status: number): string => {
+  const text = STATUS_CODES[status]
+  return text === undefined ? String(status) : `${status} ${text}`
+}
+
+/** The `code` of the first error in a cause chain that has one (`ECONNREFUSED`, …). */
+const errorCode = (error: unknown): { readonly code: string; readonly message: string } | undefined => {
+  let current: unknown = error
+  for (let depth = 0; depth < 8 && typeof current === "object" && current !== null; depth++) {
+    const code = (current as { readonly code?: unknown }).code
+    if (typeof code === "string") {
+      const message = (current as { readonly message?: unknown }).message
+      return { code, message: typeof message === "string" ? message : code }
+    }
+    current = (current as { readonly cause?: unknown }).cause
+  }
+  return undefined
+}
+
+/** A transport failure of the HTTP client as a {@link DeliveryError}. */
+const transportFailure = (error: unknown): DeliveryError => {
+  const found = errorCode(error)
+  switch (found?.code) {
+    case "ECONNREFUSED":
+      return new DeliveryError({ reason: "connection_refused", message: "connection refused" })
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return new DeliveryError({ reason: "network_error", message: `unknown host (${found.message})` })
+    case "ECONNRESET":
+    case "UND_ERR_SOCKET":
+      return new DeliveryError({ reason: "network_error", message: "connection reset by the agent" })
+    case "ERR_INVALID_URL":
+      return new DeliveryError({ reason: "network_error", message: "invalid webhook URL" })
+  }
+  const message = found?.message ??
+    (error instanceof Error ? error.message : typeof error === "string" ? error : "transport error")
+  return new DeliveryError({ reason: "network_error", message })
+}
+
+/** What a failed delivery's `Cause` says, as a {@link DeliveryError} (`undefined`: interrupted). */
+const failureOf = (cause: Cause.Cause<unknown>, timeoutMs: number): DeliveryError | undefined => {
+  for (const reason of cause.reasons) {
+    if (Cause.isFailReason(reason)) {
+      const error = reason.error
+      if (error instanceof DeliveryError) return error
+      if (Cause.isTimeoutError(error)) {
+        return new DeliveryError({ reason: "timeout", message: `no answer within ${formatSeconds(timeoutMs)}` })
+      }
+      return transportFailure(error)
+    }
+    if (Cause.isDieReason(reason)) {
+      const defect = reason.defect
+      return new DeliveryError({
+        reason: "internal_error",
+        message: defect instanceof Error ? defect.message : String(defect)
+      })
+    }
+  }
+  return undefined
+}
+
+const formatSeconds = (ms: number): string =>
+  ms % 1000 === 0 ? `${ms / 1000}s` : `${(Math.max(0, ms) / 1000).toFixed(1)}s`
+
 /**
  * The default deliverer: POSTs the webhook with `HttpClient`, follows up to 10
  * redirects the way Go's client does (301/302/303 continue as a bodiless GET,
  * 307/308 repeat the POST), reads and discards every response body, and treats
- * anything but a final 2xx — including errors and the timeout — as failure.
+ * anything but a final 2xx as a failure, failing with a {@link DeliveryError}
+ * that says why: the status the agent answered, too many redirects, a refused
+ * connection, another transport error, or the timeout.
  *
  * @since 0.1.0
  * @category webhook
@@ -129,6 +243,7 @@ export const httpDeliver = (
   options: { readonly timeoutMs?: number | undefined } = {}
 ): Effect.Effect<Deliver, never, HttpClient.HttpClient> =>
   Effect.map(HttpClient.HttpClient, (client): Deliver => (claim, body, signature) => {
+    const timeoutMs = options.timeoutMs ?? defaults.timeoutMs
     const post = HttpClientRequest.post(claim.agent.webhookUrl).pipe(
       HttpClientRequest.setHeaders({
         "Rebuno-Signature": signature,
@@ -139,11 +254,20 @@ export const httpDeliver = (
     const loop = (
       request: HttpClientRequest.HttpClientRequest,
       redirects: number
-    ): Effect.Effect<boolean, HttpClientError.HttpClientError> =>
+    ): Effect.Effect<boolean, HttpClientError.HttpClientError | DeliveryError> =>
       Effect.flatMap(client.execute(request), (response) =>
         Effect.flatMap(Effect.ignore(response.arrayBuffer), () => {
           const location = response.headers["location"]
-          if (isRedirect(response.status) && location !== undefined && redirects < defaults.maxRedirects) {
+          if (isRedirect(response.status) && location !== undefined) {
+            if (redirects >= defaults.maxRedirects) {
+              return Effect.fail(
+                new DeliveryError({
+                  reason: "too_many_redirects",
+                  message: `stopped after ${defaults.maxRedirects} redirects`,
+                  status: response.status
+                })
+              )
+            }
             const url = new URL(location, request.url).toString()
             const next = response.status === 307 || response.status === 308
               ? HttpClientRequest.setUrl(request, url)
@@ -155,13 +279,56 @@ export const httpDeliver = (
               )
             return loop(next, redirects + 1)
           }
-          return Effect.succeed(response.status >= 200 && response.status < 300)
+          return response.status >= 200 && response.status < 300
+            ? Effect.succeed(true)
+            : Effect.fail(
+              new DeliveryError({
+                reason: "http_status",
+                message: `the agent answered ${statusText(response.status)}`,
+                status: response.status
+              })
+            )
         }))
     return loop(post, 0).pipe(
-      Effect.timeout(Duration.millis(options.timeoutMs ?? defaults.timeoutMs)),
-      Effect.catchCause(() => Effect.succeed(false))
+      Effect.timeout(Duration.millis(timeoutMs)),
+      Effect.catchCause((cause) => {
+        const error = failureOf(cause, timeoutMs)
+        return error === undefined ? Effect.failCause(cause as Cause.Cause<never>) : Effect.fail(error)
+      })
     )
   })
+
+/** The webhook URL with any user info masked: it goes into logs. */
+const loggableUrl = (url: string): string => {
+  try {
+    const parsed = new URL(url)
+    if (parsed.username === "" && parsed.password === "") return url
+    parsed.username = "***"
+    parsed.password = ""
+    return parsed.toString()
+  } catch {
+    return url
+  }
+}
+
+/** The usual mistake behind a failed delivery, as advice to append to the log line. */
+const hintFor = (error: DeliveryError | undefined, url: string): string => {
+  if (error === undefined) return ""
+  switch (error.reason) {
+    case "connection_refused":
+      return ` (is the agent running and listening at ${url}?)`
+    case "http_status":
+      return error.status === 401 || error.status === 403
+        ? " (the agent rejected the signature: compare the agent's REBUNO_AGENT_SECRET with this agent's secret in the kernel's manifest)"
+        : error.status === 404 || error.status === 405
+        ? ` (no webhook at ${url}: check the path of the agent's webhook_url)`
+        : ""
+    case "timeout":
+      return " (the agent must answer the webhook at once and work in the background; see --dispatch-timeout)"
+    default:
+      return ""
+  }
+}
 
 /**
  * Creates a dispatcher over a core and, unless `background: false`, forks its
@@ -193,12 +360,65 @@ export const make = (
     /** Claimed dispatches not recorded yet. */
     let busyWorkers = 0
 
+    const timeoutMs = options.timeoutMs ?? defaults.timeoutMs
+
+    /** Logs a failed delivery and, when it was the last attempt, the execution's failure. */
+    const logFailure = (
+      claim: Core.Claim,
+      error: DeliveryError | undefined,
+      recorded: Core.DeliveryRecorded
+    ): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        const url = loggableUrl(claim.agent.webhookUrl)
+        const cause = error?.message ?? "the deliverer reported a failure"
+        let progress = `attempt ${claim.attempt}`
+        if (recorded._tag === "Retrying") {
+          progress += ` of ${recorded.maxAttempts}, next in ${formatSeconds(recorded.retryInMs)}`
+        } else if (recorded._tag === "Exhausted") {
+          progress += ` of ${recorded.maxAttempts}, the last`
+        }
+        yield* Effect.logWarning(
+          `webhook delivery to agent ${claim.agent.id} failed: ${cause}${hintFor(error, url)}; ${progress}`
+        )
+        if (recorded._tag === "Exhausted") {
+          const attempts = recorded.maxAttempts === 1 ? "1 attempt" : `${recorded.maxAttempts} attempts`
+          yield* Effect.logError(
+            `execution ${claim.executionId} failed with dispatch_exhausted: ` +
+              `gave up on agent ${claim.agent.id} after ${attempts} (last: ${cause})`
+          )
+        }
+      }).pipe(
+        Effect.annotateLogs({
+          "rebuno.agent_id": claim.agent.id,
+          "rebuno.webhook_url": loggableUrl(claim.agent.webhookUrl),
+          "rebuno.execution_id": claim.executionId,
+          "rebuno.dispatch_id": claim.dispatchId,
+          "rebuno.dispatch_attempt": String(claim.attempt),
+          ...(error === undefined ? {} : { "rebuno.error": error.reason }),
+          ...(error?.status === undefined ? {} : { "rebuno.http_status": error.status })
+        })
+      )
+
     const deliverOne = (claim: Core.Claim): Effect.Effect<void> =>
       Effect.gen(function*() {
         const body = webhookBody(claim, core.settings.stage)
         const signature = yield* Signature.sign(claim.agent.secret, body)
-        const ok = yield* deliver(claim, body, signature).pipe(Effect.catchCause(() => Effect.succeed(false)))
-        yield* core.recordDelivery(claim, ok)
+        const exit = yield* Effect.exit(deliver(claim, body, signature))
+        if (Exit.isSuccess(exit) && exit.value) {
+          yield* core.recordDelivery(claim, true)
+          yield* Effect.logDebug(`webhook delivered to agent ${claim.agent.id}; attempt ${claim.attempt}`).pipe(
+            Effect.annotateLogs({
+              "rebuno.agent_id": claim.agent.id,
+              "rebuno.execution_id": claim.executionId,
+              "rebuno.dispatch_id": claim.dispatchId,
+              "rebuno.dispatch_attempt": String(claim.attempt)
+            })
+          )
+          return
+        }
+        const error = Exit.isSuccess(exit) ? undefined : failureOf(exit.cause, timeoutMs)
+        const recorded = yield* core.recordDelivery(claim, false, error)
+        yield* logFailure(claim, error, recorded)
       }).pipe(
         semaphore.withPermits(1),
         Effect.ensuring(Effect.sync(() => {

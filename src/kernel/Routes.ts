@@ -12,8 +12,9 @@
  * In the current stage (PROTOCOL-CURRENT) agent requests must be `v1=` signed
  * (C.2.1), bearer requests run as the bootstrap token or a scoped API key whose
  * scopes every route checks (C.9.1, {@link bearerScopes}), agent principals act
- * only on their own executions (C.9.3), and the metadata and API-key routes
- * exist (C.3, C.9.2); the seed and v0.14.0 stages answer as before.
+ * only on their own executions (C.9.3), and the metadata, API-key, resource
+ * and fork routes exist (C.3, C.9.2, C.6, C.7), with captures on step
+ * outcomes (C.6.5); the seed and v0.14.0 stages answer as before.
  *
  * @since 0.1.0
  */
@@ -30,6 +31,7 @@ import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Decisions from "./internal/decisions.js"
 import { conflict, forbidden, notFound } from "./internal/model.js"
+import * as Resources from "./internal/resources.js"
 import * as Wire from "./Wire.js"
 
 /**
@@ -388,6 +390,54 @@ const noStore = (response: KernelResponse): KernelResponse => ({
   headers: { ...response.headers, "cache-control": "no-store" }
 })
 
+/** A JSON boolean member: `null` or absent = `undefined`; anything but `true`/`false` is `null` (a `400`). */
+const decodeBool = (raw: string | undefined): boolean | undefined | null =>
+  raw === undefined || raw === "null" ? undefined : raw === "true" ? true : raw === "false" ? false : null
+
+/**
+ * The `captures` and `capture_failures` lists of PROTOCOL-CURRENT C.6.5 and
+ * C.6.6 (`null` or absent = none), each entry decoded strictly;
+ * `undefined` for anything else (a `400`).
+ */
+const decodeCaptures = (
+  capturesRaw: string | undefined,
+  failuresRaw: string | undefined
+): Core.CaptureRecords | undefined => {
+  const items = (raw: string | undefined): ReadonlyArray<string> | undefined => {
+    if (raw === undefined || raw === "null") return []
+    const trimmed = raw.trim()
+    if (!trimmed.startsWith("[")) return undefined
+    // Each element as raw text: parse once, re-serialise objects for strict member decoding.
+    let parsed: unknown
+    try {
+      parsed = JSON.parse(trimmed)
+    } catch {
+      return undefined
+    }
+    if (!Array.isArray(parsed)) return undefined
+    return parsed.map((item) => JSON.stringify(item))
+  }
+  const captureItems = items(capturesRaw)
+  const failureItems = items(failuresRaw)
+  if (captureItems === undefined || failureItems === undefined) return undefined
+  const captures: Array<Core.Capture> = []
+  for (const item of captureItems) {
+    const d = decodeStrict(encoder.encode(item), { key: "string", generation: "int", checkpoint_ref: "string" })
+    if (d === undefined) return undefined
+    captures.push({ key: d.key ?? "", generation: d.generation ?? 0, checkpointRef: d.checkpoint_ref ?? "" })
+  }
+  const captureFailures: Array<Core.CaptureFailure> = []
+  for (const item of failureItems) {
+    const d = decodeStrict(encoder.encode(item), { key: "string", generation: "int", error: "string" })
+    if (d === undefined) return undefined
+    captureFailures.push({ key: d.key ?? "", generation: d.generation ?? 0, error: d.error ?? "" })
+  }
+  const out: { captures?: ReadonlyArray<Core.Capture>; captureFailures?: ReadonlyArray<Core.CaptureFailure> } = {}
+  if (captures.length > 0) out.captures = captures
+  if (captureFailures.length > 0) out.captureFailures = captureFailures
+  return out
+}
+
 /** A JSON array of strings (`null` or absent = empty); `undefined` for anything else. */
 const decodeStringList = (raw: string | undefined): ReadonlyArray<string> | undefined => {
   if (raw === undefined || raw === "null") return []
@@ -570,6 +620,33 @@ export const make = (
   // --- handlers ---------------------------------------------------------------
 
   /**
+   * A step outcome body of the current stage (PROTOCOL-CURRENT C.6.5):
+   * `result` (or `error`) plus the optional `captures` and
+   * `capture_failures`, strictly.
+   */
+  const outcomeBody = (ctx: Ctx, member: "result" | "error") =>
+    Effect.gen(function*() {
+      let value: string | undefined
+      let capturesRaw: string | undefined
+      let failuresRaw: string | undefined
+      if (member === "result") {
+        const body = yield* strict(ctx, { result: "any", captures: "any", capture_failures: "any" })
+        value = body.result
+        capturesRaw = body.captures
+        failuresRaw = body.capture_failures
+      } else {
+        const body = yield* strict(ctx, { error: "any", captures: "any", capture_failures: "any" })
+        value = body.error
+        capturesRaw = body.captures
+        failuresRaw = body.capture_failures
+      }
+      const captures = decodeCaptures(capturesRaw, failuresRaw)
+      if (captures === undefined) return yield* reject(validation)
+      const none = captures.captures === undefined && captures.captureFailures === undefined
+      return { value, captures: none ? undefined : captures }
+    })
+
+  /**
    * `POST /v0/executions` in the current stage (PROTOCOL-CURRENT C.4.1): the
    * body knows `session`, `parent_execution_id`, `idempotency_key` and
    * `spawned_by` (strictly, like every body) and no longer `agent_version`;
@@ -725,6 +802,25 @@ export const make = (
         return json(200, Wire.encodeEvents(events))
       })),
     route("GET", "/v0/executions/{id}/stream", "bearer", (ctx) => Effect.map(executionId(ctx), sse)),
+    routeCurrent("POST", "/v0/executions/{id}/fork", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.7.1: the core checks in order; `policy_bundle` needs `policies:write`.
+        const id = yield* executionId(ctx)
+        const body = yield* strict(ctx, { session: "string", at_seq: "int", policy_bundle: "string" })
+        const result = yield* core.fork(id, {
+          atSeq: body.at_seq ?? 0,
+          session: body.session,
+          policyBundle: body.policy_bundle,
+          mayWritePolicies: hasScope(ctx.principal, "policies:write")
+        })
+        return json(201, Wire.encodeExecution(result.execution, result.restoration))
+      })),
+    routeCurrent("GET", "/v0/executions/{id}/fork-points", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.7.3
+        const id = yield* executionId(ctx)
+        return json(200, Wire.encodeForkPoints(yield* core.forkPoints(id)))
+      })),
     route("POST", "/v0/executions/{id}/cancel", "bearer", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
@@ -783,6 +879,12 @@ export const make = (
     route("POST", "/v0/executions/{id}/steps/{step_id}/complete", "agent", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
+        if (current()) {
+          const { captures, value } = yield* outcomeBody(ctx, "result")
+          const l = yield* lease(ctx, "other")
+          yield* owned(ctx, id)
+          return json(200, Wire.encodeDecision(yield* core.completeStep(id, ctx.params.step_id!, l, value, captures)))
+        }
         const body = yield* strict(ctx, { result: "any" })
         const l = yield* lease(ctx, "other")
         yield* owned(ctx, id)
@@ -791,6 +893,12 @@ export const make = (
     route("POST", "/v0/executions/{id}/steps/{step_id}/fail", "agent", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
+        if (current()) {
+          const { captures, value } = yield* outcomeBody(ctx, "error")
+          const l = yield* lease(ctx, "other")
+          yield* owned(ctx, id)
+          return json(200, Wire.encodeDecision(yield* core.failStep(id, ctx.params.step_id!, l, value, captures)))
+        }
         const body = yield* strict(ctx, { error: "any" })
         const l = yield* lease(ctx, "other")
         yield* owned(ctx, id)
@@ -839,6 +947,59 @@ export const make = (
         yield* owned(ctx, id)
         const suspended = yield* core.suspendExecution(id, l)
         return json(200, suspended ? "{\"suspended\":true}" : "{\"suspended\":false}")
+      })),
+    routeCurrent("POST", "/v0/executions/{id}/resources", "agent", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.6.2: strict body, lease headers, the members, then 404/403, terminal, lease.
+        const id = yield* executionId(ctx)
+        const body = yield* strict(ctx, {
+          key: "string",
+          driver_id: "string",
+          configuration: "any",
+          coverage_reuse: "any",
+          every_steps: "int",
+          on_completion: "any"
+        })
+        const coverageReuse = decodeBool(body.coverage_reuse)
+        const onCompletion = decodeBool(body.on_completion)
+        if (coverageReuse === null || onCompletion === null) return yield* reject(validation)
+        const l = yield* lease(ctx, "other")
+        const registration: Core.ResourceRegistration = {
+          key: body.key ?? "",
+          driverId: body.driver_id ?? "",
+          configurationRaw: body.configuration,
+          coverageReuse,
+          everySteps: body.every_steps,
+          onCompletion
+        }
+        const bad = Resources.checkRegistration(registration)
+        if (bad !== undefined) return yield* Effect.fail(bad)
+        yield* owned(ctx, id)
+        return json(200, Wire.encodeResource(yield* core.registerResource(id, l, registration)))
+      })),
+    routeCurrent("POST", "/v0/executions/{id}/resources/checkpoints", "agent", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.6.6
+        const id = yield* executionId(ctx)
+        const body = yield* strict(ctx, { captures: "any", capture_failures: "any" })
+        const records = decodeCaptures(body.captures, body.capture_failures)
+        if (records === undefined) return yield* reject(validation)
+        const l = yield* lease(ctx, "other")
+        yield* owned(ctx, id)
+        yield* core.publishCheckpoints(id, l, records)
+        return noContent
+      })),
+    routeCurrent("POST", "/v0/executions/{id}/resources/{key}/binding", "agent", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.6.3: strict body, lease headers, `binding` required, then 404/403, terminal, lease.
+        const id = yield* executionId(ctx)
+        const body = yield* strict(ctx, { binding: "any" })
+        const l = yield* lease(ctx, "other")
+        const bad = Resources.checkBinding(body.binding)
+        if (bad !== undefined) return yield* Effect.fail(bad)
+        yield* owned(ctx, id)
+        yield* core.bindResource(id, ctx.params.key!, l, body.binding)
+        return noContent
       })),
     route("POST", "/v0/executions/{id}/fail", "agent", (ctx) =>
       Effect.gen(function*() {

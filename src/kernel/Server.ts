@@ -30,7 +30,10 @@ import * as Routes from "./Routes.js"
  * @category models
  */
 export interface Options {
-  /** Interface to bind; every interface when absent or `""`. */
+  /**
+   * Interface to bind: `127.0.0.1` (this machine only) when absent; `""` or
+   * `0.0.0.0` for every interface (other machines, containers).
+   */
   readonly host?: string | undefined
   /** Port to bind; `0` picks a free port (read it back with `HttpServer.address`). */
   readonly port: number
@@ -38,6 +41,16 @@ export interface Options {
   /** Bearer token; dev mode when absent. */
   readonly apiToken?: Redacted.Redacted<string> | undefined
 }
+
+/**
+ * The interface the kernel binds by default: the loopback interface, so a dev
+ * kernel (which has no authentication unless given a token) is reachable from
+ * this machine only.
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const defaultHost = "127.0.0.1"
 
 const encoder = new TextEncoder()
 
@@ -222,7 +235,8 @@ export const makeHttpEffect = (
 }
 
 /**
- * Serves the kernel on `host:port` with Node's HTTP server. The layer also
+ * Serves the kernel on `host:port` with Node's HTTP server — on the loopback
+ * interface unless `host` says otherwise. The layer also
  * provides `HttpServer` so callers can read the bound address. Closing it
  * drops open connections first (SSE streams never end by themselves, and the
  * server's graceful shutdown would wait for them), then stops listening.
@@ -242,7 +256,7 @@ export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, Http
       Layer.provideMerge(
         NodeHttpServer.layerServer(() => server, {
           port: options.port,
-          ...(options.host !== undefined && options.host !== "" ? { host: options.host } : {})
+          ...(options.host === undefined ? { host: defaultHost } : options.host !== "" ? { host: options.host } : {})
         })
       )
     )

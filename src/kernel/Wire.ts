@@ -20,7 +20,10 @@ import type {
   EventRecord,
   ExecutionPage,
   ExecutionRecord,
+  ForkPoints,
   IssuedApiKey,
+  ResourceRecord,
+  Restoration,
   Stage,
   StepRecord
 } from "./Core.js"
@@ -32,14 +35,16 @@ const time = (ms: number): string => "\"" + formatTimestamp(ms) + "\""
 /**
  * An Execution object (11.12): `agent_version`, `output`, `failure_reason` and
  * `deadline_at` only when set; `input` always (`null` when absent). The
- * current stage's `session`, `parent_execution_id`, `idempotency_key` and
- * `spawned_by` (PROTOCOL-CURRENT C.10) follow `failure_reason`, each only when
- * set (only a current-stage kernel sets them).
+ * current stage's `session`, `parent_execution_id`, `forked_from`,
+ * `fork_seq`, `idempotency_key` and `spawned_by` (PROTOCOL-CURRENT C.10)
+ * follow `failure_reason`, each only when set (only a current-stage kernel
+ * sets them). `restoration` — given only for the answer of a fork (C.7.1) —
+ * follows `fork_seq`.
  *
  * @since 0.1.0
  * @category encoding
  */
-export const encodeExecution = (e: ExecutionRecord): string => {
+export const encodeExecution = (e: ExecutionRecord, restoration?: ReadonlyArray<Restoration> | undefined): string => {
   let out = "{\"id\":" + id(e.id) + ",\"agent_id\":" + quoteString(e.agentId)
   if (e.agentVersion !== undefined && e.agentVersion !== "") out += ",\"agent_version\":" + quoteString(e.agentVersion)
   out += ",\"input\":" + (e.inputRaw ?? "null") + ",\"status\":" + quoteString(e.status)
@@ -47,6 +52,9 @@ export const encodeExecution = (e: ExecutionRecord): string => {
   if (e.failureReason !== "") out += ",\"failure_reason\":" + quoteString(e.failureReason)
   if (e.session !== undefined) out += ",\"session\":" + quoteString(e.session)
   if (e.parentExecutionId !== undefined) out += ",\"parent_execution_id\":" + id(e.parentExecutionId)
+  if (e.forkedFrom !== undefined) out += ",\"forked_from\":" + id(e.forkedFrom)
+  if (e.forkSeq !== undefined) out += ",\"fork_seq\":" + e.forkSeq
+  if (restoration !== undefined) out += ",\"restoration\":" + encodeRestoration(restoration)
   if (e.idempotencyKey !== undefined) out += ",\"idempotency_key\":" + quoteString(e.idempotencyKey)
   if (e.spawnedBy !== undefined) {
     out += ",\"spawned_by\":{\"execution_id\":" + id(e.spawnedBy.executionId) + ",\"step_id\":" +
@@ -198,7 +206,81 @@ export const encodeDecision = (d: Decision): string => {
   if (d.approvalId !== undefined && d.approvalId !== "") out += ",\"approval_id\":" + id(d.approvalId)
   if (d.reason !== undefined && d.reason !== "") out += ",\"reason\":" + quoteString(d.reason)
   if (d.ruleId !== undefined && d.ruleId !== "") out += ",\"rule_id\":" + quoteString(d.ruleId)
+  const resources = d.resources
+  if (resources !== undefined && resources.length > 0) {
+    out += ",\"resources\":["
+    for (let i = 0; i < resources.length; i++) {
+      const r = resources[i]!
+      out += (i > 0 ? "," : "") + "{\"key\":" + quoteString(r.key) + ",\"generation\":" + r.generation +
+        (r.due ? ",\"due\":true}" : "}")
+    }
+    out += "]"
+  }
   return out + "}"
+}
+
+/**
+ * A fork's restoration (PROTOCOL-CURRENT C.7.1):
+ * `{"<key>":{"checkpoint_ref"?,"checkpoint_seq"?,"covered"},…}`, keys sorted.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeRestoration = (restoration: ReadonlyArray<Restoration>): string => {
+  const sorted = restoration.slice().sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))
+  let out = "{"
+  for (let i = 0; i < sorted.length; i++) {
+    const r = sorted[i]!
+    out += (i > 0 ? "," : "") + quoteString(r.key) + ":{"
+    if (r.checkpointRef !== undefined) out += "\"checkpoint_ref\":" + quoteString(r.checkpointRef) + ","
+    if (r.checkpointSeq !== undefined) out += "\"checkpoint_seq\":" + r.checkpointSeq + ","
+    out += "\"covered\":" + r.covered + "}"
+  }
+  return out + "}"
+}
+
+/**
+ * A Resource object (PROTOCOL-CURRENT C.6.1), members in this order:
+ * `{"key","driver_id","configuration"?,"coverage_reuse","every_steps","on_completion",
+ * "registered_seq","generation","count","binding"?,"checkpoint_ref"?,"covered"}`.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeResource = (r: ResourceRecord): string => {
+  let out = "{\"key\":" + quoteString(r.key) + ",\"driver_id\":" + quoteString(r.driverId)
+  if (r.configurationRaw !== undefined) out += ",\"configuration\":" + r.configurationRaw
+  out += ",\"coverage_reuse\":" + r.coverageReuse + ",\"every_steps\":" + r.everySteps + ",\"on_completion\":" +
+    r.onCompletion + ",\"registered_seq\":" + r.registeredSeq + ",\"generation\":" + r.generation + ",\"count\":" +
+    r.count
+  if (r.bindingRaw !== undefined) out += ",\"binding\":" + r.bindingRaw
+  if (r.checkpointRef !== undefined) out += ",\"checkpoint_ref\":" + quoteString(r.checkpointRef)
+  return out + ",\"covered\":" + r.covered + "}"
+}
+
+/**
+ * `GET …/fork-points` (PROTOCOL-CURRENT C.7.3):
+ * `{"latest_seq","resources":{"<key>":<registered_seq>,…},"checkpoints":[{"key","generation","checkpoint_ref","covered_seq","invalidated_seq"?},…]}`;
+ * `resources` keys sorted, `{}` and `[]` when empty.
+ *
+ * @since 0.2.0
+ * @category encoding
+ */
+export const encodeForkPoints = (points: ForkPoints): string => {
+  const resources = points.resources.slice().sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))
+  let out = "{\"latest_seq\":" + points.latestSeq + ",\"resources\":{"
+  for (let i = 0; i < resources.length; i++) {
+    out += (i > 0 ? "," : "") + quoteString(resources[i]!.key) + ":" + resources[i]!.registeredSeq
+  }
+  out += "},\"checkpoints\":["
+  for (let i = 0; i < points.checkpoints.length; i++) {
+    const c = points.checkpoints[i]!
+    out += (i > 0 ? "," : "") + "{\"key\":" + quoteString(c.key) + ",\"generation\":" + c.generation +
+      ",\"checkpoint_ref\":" + quoteString(c.checkpointRef) + ",\"covered_seq\":" + c.coveredSeq
+    if (c.invalidatedSeq !== undefined) out += ",\"invalidated_seq\":" + c.invalidatedSeq
+    out += "}"
+  }
+  return out + "]}"
 }
 
 /**

@@ -13,11 +13,14 @@ import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as HttpServer from "effect/http/HttpServer"
 import * as Layer from "effect/Layer"
+import * as Logger from "effect/Logger"
 import * as NetAddress from "effect/net/NetAddress"
 import type * as Redacted from "effect/Redacted"
+import * as KernelConfig from "./Config.js"
 import * as Core from "./Core.js"
 import * as Dispatcher from "./Dispatcher.js"
 import * as Manifest from "./Manifest.js"
+import * as Policy from "./Policy.js"
 import * as Server from "./Server.js"
 
 /**
@@ -60,7 +63,10 @@ export * as Wire from "./Wire.js"
  * @category models
  */
 export interface StartOptions {
-  /** Interface to bind (default `127.0.0.1`; `""` = every interface). */
+  /**
+   * Interface to bind: `127.0.0.1` by default (this machine only); `0.0.0.0`
+   * or `""` for every interface (agents on other machines or in containers).
+   */
   readonly host?: string | undefined
   /** Port to bind (default `0`: a free port). */
   readonly port?: number | undefined
@@ -140,7 +146,7 @@ export const start = Effect.fn("Kernel.start")(function*(options: StartOptions =
     )
   const dispatcher = yield* Dispatcher.make(core, options.dispatcher)
   const context = yield* Layer.build(Server.layer({
-    host: options.host ?? "127.0.0.1",
+    host: options.host ?? Server.defaultHost,
     port: options.port ?? 0,
     core,
     apiToken: options.apiToken
@@ -151,9 +157,118 @@ export const start = Effect.fn("Kernel.start")(function*(options: StartOptions =
 })
 
 /**
+ * How the kernel's log lines look. Both write one line per entry:
+ *
+ * - `text`: [logfmt](https://brandur.org/logfmt), Effect's `Logger.formatLogFmt`:
+ *   `timestamp=… level=WARN fiber=#12 message="webhook delivery to agent hello failed: connection refused …" rebuno.agent_id=hello …`
+ * - `json`: one JSON object, Effect's `Logger.formatJson`:
+ *   `{"message":"…","level":"WARN","timestamp":"…","annotations":{"rebuno.agent_id":"hello",…},"spans":{},"fiberId":"#12"}`
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export type LogFormat = "text" | "json"
+
+/**
+ * The accepted {@link LogFormat}s.
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export const logFormats: ReadonlyArray<LogFormat> = ["text", "json"]
+
+/**
+ * A logger writing each entry as one line in the given {@link LogFormat} to
+ * standard error (`console.error` of the current `Console`), as
+ * `effect-rebuno dev` does. Entries below the fiber's `MinimumLogLevel` are
+ * dropped before they reach it.
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export const logger = (format: LogFormat): Logger.Logger<unknown, void> =>
+  Logger.withConsoleError(format === "json" ? Logger.formatJson : Logger.formatLogFmt)
+
+/**
+ * A layer replacing the loggers with {@link logger}.
+ *
+ * **Example** (An embedded kernel logging JSON lines at `Debug` and above)
+ *
+ * ```ts
+ * const KernelLive = Kernel.layer({ port: 8080 }).pipe(
+ *   Layer.provide(Kernel.layerLogger("json")),
+ *   Layer.provide(Layer.succeed(References.MinimumLogLevel, "Debug"))
+ * )
+ * ```
+ *
+ * @since 0.2.0
+ * @category logging
+ */
+export const layerLogger = (format: LogFormat): Layer.Layer<never> => Logger.layer([logger(format)])
+
+/**
  * {@link start} as a layer providing {@link EmbeddedKernel}.
  *
  * @since 0.1.0
  * @category layers
  */
 export const layer = (options: StartOptions = {}) => Layer.effect(EmbeddedKernel, start(options))
+
+/**
+ * The {@link StartOptions} of a kernel configured as `effect-rebuno dev` is by
+ * its environment ({@link KernelConfig.kernelConfig}: `REBUNO_LISTEN_ADDR`
+ * (default `127.0.0.1:8080`), `REBUNO_DISPATCH_*`, `REBUNO_APPROVAL_TIMEOUT`,
+ * `REBUNO_DEADLINE_*`, `REBUNO_API_TOKEN`, `REBUNO_STAGE`, `REBUNO_JUDGE_*`),
+ * with `options` on top: an option given here wins over the environment (as
+ * the CLI's flags do), and `settings` / `dispatcher` are merged key by key.
+ *
+ * @since 0.2.0
+ * @category constructors
+ */
+export const startOptionsFromConfig = (env: KernelConfig.KernelConfig, options: StartOptions = {}): StartOptions => {
+  const listen = env.listen._tag === "Some" ? env.listen.value : undefined
+  return {
+    ...options,
+    host: options.host ?? (listen === undefined ? KernelConfig.defaults.host : listen.host ?? ""),
+    port: options.port ?? listen?.port ?? KernelConfig.defaults.port,
+    settings: {
+      leaseTimeoutMs: env.leaseTimeoutMs,
+      maxAttempts: env.maxAttempts,
+      approvalTimeoutMs: env.approvalTimeoutMs,
+      deadlineMs: env.deadlineMs,
+      ...(env.judge._tag === "Some" ? { judge: Policy.openAiJudge(env.judge.value) } : {}),
+      ...options.settings
+    },
+    dispatcher: {
+      timeoutMs: env.dispatchTimeoutMs,
+      concurrency: env.concurrency,
+      deadlineCheckIntervalMs: env.deadlineCheckIntervalMs,
+      ...options.dispatcher
+    },
+    stage: options.stage ?? options.settings?.stage ?? env.stage,
+    apiToken: options.apiToken ?? (env.apiToken._tag === "Some" ? env.apiToken.value : undefined)
+  }
+}
+
+/**
+ * {@link layer} configured from `Config` as `effect-rebuno dev` is (see
+ * {@link startOptionsFromConfig}); `options` win over the environment. A
+ * variable that is set but invalid fails the layer with a `ConfigError`.
+ *
+ * **Example** (An embedded kernel configured by its environment)
+ *
+ * ```ts
+ * // REBUNO_LISTEN_ADDR=127.0.0.1:8080 REBUNO_DISPATCH_LEASE_TIMEOUT=30s
+ * const KernelLive = Kernel.layerConfig({ manifest: "rebuno.dev.yaml" })
+ * ```
+ *
+ * @since 0.2.0
+ * @category layers
+ */
+export const layerConfig = (options: StartOptions = {}) =>
+  Layer.effect(
+    EmbeddedKernel,
+    Effect.gen(function*() {
+      return yield* start(startOptionsFromConfig(yield* KernelConfig.kernelConfig, options))
+    })
+  )

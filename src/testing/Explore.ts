@@ -10,6 +10,18 @@
  * fenced run must write nothing. `Explore.determinism` replays a finished run
  * and reports the first step whose identity (kind, target, arguments) changed.
  *
+ * Every run is a new execution, so the ids the kernel makes for it differ
+ * from the uninterrupted run's: its execution id, its step ids (which
+ * include the execution id) and its dispatch ids.
+ * An agent that passes a step id to a provider as an idempotency key (as it
+ * should) and reports what came back would differ on every run; so before
+ * comparing, each run's ids — in outputs, failure reasons and step arguments,
+ * whole or as a run of at least 8 hex digits cut from one — are replaced by
+ * the uninterrupted run's ids for the same thing (a step: the same kind,
+ * target, arguments and occurrence). A value the kit cannot map, such as a
+ * hash of a step id, is left out of the comparison with `ignore` (paths like
+ * `$.receipt.token` or `$.items[*].id`) or rewritten with `normalize`.
+ *
  * The kit counts step bodies from the kernel's side: a body starts when the
  * agent receives `proceed` for its step. Side effects of the bodies themselves
  * are the caller's: every exploration run executes them again, so bodies
@@ -33,12 +45,21 @@ import type * as Core from "../kernel/Core.js"
 import type * as Protocol from "../Protocol.js"
 import { canonicalJson } from "../StepId.js"
 import { TestKernel } from "./TestKernel.js"
-import type { CrashPoint, KernelCall, RunResult, StepCallName } from "./TestKernel.js"
+import type { CrashPoint, KernelCall, RunResult, RunStep, StepCallName } from "./TestKernel.js"
 
 const CrashPointSchema: Schema.Codec<CrashPoint> = Schema.Union([
   Schema.Struct({ afterSteps: Schema.Number }),
   Schema.Struct({
-    call: Schema.Literals(["submitStep", "completeStep", "failStep", "completeExecution", "failExecution"]),
+    call: Schema.Literals([
+      "submitStep",
+      "completeStep",
+      "failStep",
+      "completeExecution",
+      "failExecution",
+      "registerResource",
+      "bindResource",
+      "publishCheckpoints"
+    ]),
     index: Schema.Number,
     when: Schema.Literals(["before", "after"])
   })
@@ -139,8 +160,24 @@ export interface CrashesOptions {
    * or `false` for none.
    */
   readonly lapse?: boolean | CrashPoint | undefined
-  /** Map outputs before comparing them (e.g. to drop a timestamp). */
+  /**
+   * Map outputs before comparing them (e.g. to drop a timestamp). It gets
+   * the recorded output (JSON) with the run's execution-specific ids
+   * already replaced by the uninterrupted run's and the `ignore` paths left
+   * out.
+   */
   readonly normalize?: ((output: unknown) => unknown) | undefined
+  /**
+   * Parts of the output left out of the comparison, as paths in the
+   * notation of the kit's messages: `$.token`, `$.receipt["key-id"]`,
+   * `$.items[0].id`, `$.items[*].id` (`*`: every key or index), or `$` for
+   * the whole output. For values made from execution-specific ids that the
+   * kit cannot map back (a hash of a step id, a provider's own id), or that
+   * legitimately change from run to run.
+   *
+   * @since 0.2.0
+   */
+  readonly ignore?: ReadonlyArray<string> | undefined
   /** Virtual-time limit of each run (default 1 hour). */
   readonly timeout?: Duration.Input | undefined
 }
@@ -171,8 +208,10 @@ export interface PointReport {
   readonly description: string
   readonly executionId: string
   readonly status: Protocol.ExecutionStatus
+  /** The recorded output (JSON), with this run's own ids. */
   readonly output: unknown
-  readonly failureReason: string
+  /** Absent when the run has none. */
+  readonly failureReason?: string | undefined
   readonly deliveries: number
   /**
    * `"same"`: same status and output as the uninterrupted run. `"indeterminate"`:
@@ -195,8 +234,10 @@ export interface CrashReport {
   readonly baseline: {
     readonly executionId: string
     readonly status: Protocol.ExecutionStatus
+    /** The recorded output (JSON). */
     readonly output: unknown
-    readonly failureReason: string
+    /** Absent when the run has none. */
+    readonly failureReason?: string | undefined
     readonly calls: ReadonlyArray<KernelCall>
   }
   readonly points: ReadonlyArray<PointReport>
@@ -285,6 +326,188 @@ export const jsonDiff = (expected: unknown, actual: unknown, limit = 8): Readonl
   return out
 }
 
+// ---------------------------------------------------------------------------
+// Execution-specific ids
+// ---------------------------------------------------------------------------
+
+/** The shortest run of hex digits taken for a piece of an id. */
+const MIN_FRAGMENT = 8
+
+const HEX_RUN = /[0-9a-f]{8,}/g
+const HEX_WINDOW = /^[0-9a-f]{8}$/
+
+const escapeRegExp = (text: string): string => text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+
+/**
+ * Ids of one execution mapped to another's: replaces each id — whole, or a
+ * run of at least {@link MIN_FRAGMENT} hex digits cut from one (a prefix as a
+ * receipt number, …) — by its counterpart, in text and in JSON values (keys
+ * included).
+ */
+class IdMap {
+  private readonly pairs = new Map<string, string>()
+  /** Every window of {@link MIN_FRAGMENT} hex digits of a mapped id: the id and the window's offset. */
+  private readonly windows = new Map<string, { readonly id: string; readonly offset: number }>()
+  private whole: RegExp | undefined
+
+  set(from: string, to: string): void {
+    if (from === to || from.length !== to.length || this.pairs.has(from)) return
+    this.pairs.set(from, to)
+    this.whole = undefined
+    for (let k = 0; k + MIN_FRAGMENT <= from.length; k++) {
+      const window = from.slice(k, k + MIN_FRAGMENT)
+      if (HEX_WINDOW.test(window) && !this.windows.has(window)) this.windows.set(window, { id: from, offset: k })
+    }
+  }
+
+  text(text: string): string {
+    if (this.pairs.size === 0) return text
+    this.whole ??= new RegExp(
+      Array.from(this.pairs.keys()).sort((a, b) => b.length - a.length).map(escapeRegExp).join("|"),
+      "g"
+    )
+    return text.replace(this.whole, (id) => this.pairs.get(id)!).replace(HEX_RUN, (run) => this.fragments(run))
+  }
+
+  /** A run of hex digits with every piece of a mapped id in it replaced. */
+  private fragments(run: string): string {
+    let out = ""
+    let i = 0
+    while (i < run.length) {
+      const hit = i + MIN_FRAGMENT <= run.length ? this.windows.get(run.slice(i, i + MIN_FRAGMENT)) : undefined
+      if (hit === undefined) {
+        out += run[i]
+        i++
+        continue
+      }
+      let length = MIN_FRAGMENT
+      while (
+        i + length < run.length && hit.offset + length < hit.id.length &&
+        run[i + length] === hit.id[hit.offset + length]
+      ) length++
+      out += this.pairs.get(hit.id)!.slice(hit.offset, hit.offset + length)
+      i += length
+    }
+    return out
+  }
+
+  /** The value with ids mapped; the same value when nothing changed. */
+  value(value: unknown): unknown {
+    if (this.pairs.size === 0) return value
+    if (typeof value === "string") return this.text(value)
+    if (Array.isArray(value)) {
+      const mapped = value.map((v) => this.value(v))
+      return mapped.some((v, i) => v !== value[i]) ? mapped : value
+    }
+    if (typeof value === "object" && value !== null) {
+      let changed = false
+      const out: Record<string, unknown> = {}
+      for (const [key, v] of Object.entries(value)) {
+        const k = this.text(key)
+        const m = this.value(v)
+        if (k !== key || m !== v) changed = true
+        out[k] = m
+      }
+      return changed ? out : value
+    }
+    return value
+  }
+}
+
+/** The ids an execution made for itself. */
+interface RunIds {
+  readonly executionId: string
+  /** In call order. */
+  readonly steps: ReadonlyArray<RunStep>
+  /** In the order the runs first used them. */
+  readonly dispatchIds: ReadonlyArray<string>
+}
+
+const runIdsOf = (result: RunResult): RunIds => ({
+  executionId: result.executionId,
+  steps: result.steps,
+  dispatchIds: Array.from(new Set(result.calls.flatMap((c) => c.dispatchId === undefined ? [] : [c.dispatchId])))
+})
+
+const stepKey = (step: RunStep, args: unknown): string =>
+  `${step.kind}\u0000${step.target}\u0000${stableStringify(args)}\u0000${step.occurrence}`
+
+/**
+ * The ids of `from` mapped onto those of `to`: the execution id; each step to
+ * the step of the same kind, target, arguments (their ids mapped first, so a
+ * step whose arguments carry an earlier step's id still matches) and
+ * occurrence; dispatch ids in order (the last to the last).
+ */
+const mapIds = (to: RunIds, from: RunIds): IdMap => {
+  const ids = new IdMap()
+  ids.set(from.executionId, to.executionId)
+  const last = to.dispatchIds.length - 1
+  if (last >= 0) {
+    from.dispatchIds.forEach((id, i) =>
+      ids.set(id, to.dispatchIds[i === from.dispatchIds.length - 1 ? last : Math.min(i, last)]!)
+    )
+  }
+  const byKey = new Map(to.steps.map((s) => [stepKey(s, s.args), s.stepId] as const))
+  for (const step of from.steps) {
+    const match = byKey.get(stepKey(step, ids.value(step.args)))
+    if (match !== undefined) ids.set(step.stepId, match)
+  }
+  return ids
+}
+
+// ---------------------------------------------------------------------------
+// Ignored paths
+// ---------------------------------------------------------------------------
+
+const ANY: unique symbol = Symbol("any")
+type Segment = string | number | typeof ANY
+
+const SEGMENT = /^(?:\.([A-Za-z_$][A-Za-z0-9_$]*)|\.\*|\[(\d+)\]|\[\*\]|\[("(?:[^"\\]|\\.)*")\])/
+
+/** `$.a["b c"][0][*].d` as segments, or `undefined` when it is not such a path. */
+const parsePath = (path: string): ReadonlyArray<Segment> | undefined => {
+  if (!path.startsWith("$")) return undefined
+  const segments: Array<Segment> = []
+  let rest = path.slice(1)
+  while (rest.length > 0) {
+    const m = SEGMENT.exec(rest)
+    if (m === null) return undefined
+    if (m[1] !== undefined) segments.push(m[1])
+    else if (m[2] !== undefined) segments.push(Number(m[2]))
+    else if (m[3] !== undefined) {
+      try {
+        segments.push(JSON.parse(m[3]) as string)
+      } catch {
+        return undefined
+      }
+    } else segments.push(ANY)
+    rest = rest.slice(m[0].length)
+  }
+  return segments
+}
+
+const IGNORED = "(ignored)"
+
+/** The value without what `path` selects: object members are left out, array elements become `"(ignored)"`. */
+const withoutPath = (value: unknown, path: ReadonlyArray<Segment>): unknown => {
+  if (path.length === 0) return IGNORED
+  if (typeof value !== "object" || value === null) return value
+  const [segment, ...rest] = path
+  if (Array.isArray(value)) {
+    if (typeof segment === "string") return value
+    return value.map((v, i) => segment === ANY || segment === i ? withoutPath(v, rest) : v)
+  }
+  const out: Record<string, unknown> = {}
+  for (const [key, v] of Object.entries(value)) {
+    if (segment !== ANY && segment !== key) {
+      out[key] = v
+      continue
+    }
+    if (rest.length > 0) out[key] = withoutPath(v, rest)
+  }
+  return out
+}
+
 const parseArgs = (json: string | undefined): unknown => {
   if (json === undefined) return null
   try {
@@ -299,11 +522,18 @@ interface Submitted {
   readonly canonical: string
 }
 
-const submitsOf = (calls: ReadonlyArray<KernelCall>): ReadonlyArray<Submitted> =>
-  calls.filter((c) => c.call === "submitStep").map((c) => ({
-    identity: { kind: c.kind ?? "", target: c.target ?? "", args: parseArgs(c.argsJson) },
-    canonical: `${c.kind}\u0000${c.target}\u0000${canonicalJson(c.argsJson)}`
-  }))
+/** The submits of some calls, their arguments' ids mapped by `ids` when given. */
+const submitsOf = (calls: ReadonlyArray<KernelCall>, ids?: IdMap): ReadonlyArray<Submitted> =>
+  calls.filter((c) => c.call === "submitStep").map((c) => {
+    const args = parseArgs(c.argsJson)
+    const mapped = ids === undefined ? args : ids.value(args)
+    return {
+      identity: { kind: c.kind ?? "", target: c.target ?? "", args: mapped },
+      canonical: `${c.kind}\u0000${c.target}\u0000${
+        canonicalJson(mapped === args ? c.argsJson : JSON.stringify(mapped))
+      }`
+    }
+  })
 
 const describeIdentity = (s: StepIdentity): string => `${s.kind} "${s.target}" ${show(s.args)}`
 
@@ -488,7 +718,17 @@ const chooseLapse = (planned: ReadonlyArray<Planned>): Planned | undefined => {
   return chosen === undefined ? undefined : { ...chosen, mode: "lapse" }
 }
 
-const outcomeText = (r: { readonly status: string; readonly output: unknown; readonly failureReason: string }) =>
+/**
+ * A run's outcome as compared: ids mapped to the uninterrupted run's, the
+ * `ignore` paths left out and `normalize` applied (to a completed run's output).
+ */
+interface Outcome {
+  readonly status: string
+  readonly output: unknown
+  readonly failureReason: string
+}
+
+const outcomeText = (r: Outcome) =>
   r.status === "completed" ?
     `completed with ${show(r.output)}` :
     r.failureReason === "" ?
@@ -496,18 +736,19 @@ const outcomeText = (r: { readonly status: string; readonly output: unknown; rea
     `${r.status} (${JSON.stringify(r.failureReason)})`
 
 /** Why two outcomes differ, or `undefined` when they match. */
-const compareOutcome = (
-  expected: { readonly status: string; readonly output: unknown; readonly failureReason: string },
-  actual: RunResult,
-  normalize: (output: unknown) => unknown
-): string | undefined => {
+const compareOutcome = (expected: Outcome, actual: Outcome): string | undefined => {
   if (expected.status !== actual.status) {
     return `status differed: expected ${outcomeText(expected)}, got ${outcomeText(actual)}`
   }
   if (actual.status === "completed") {
-    const e = normalize(expected.output)
-    const a = normalize(actual.output)
-    if (stableStringify(e) !== stableStringify(a)) return `output differed: expected ${show(e)} got ${show(a)}`
+    const e = expected.output
+    const a = actual.output
+    if (stableStringify(e) !== stableStringify(a)) {
+      const shown = `output differed: expected ${show(e)} got ${show(a)}`
+      // the values were cut short: say where they differ
+      const cut = stableStringify(e).length > MAX_SHOWN || stableStringify(a).length > MAX_SHOWN
+      return cut ? `${shown}; differences: ${jsonDiff(e, a, 4).join("; ")}` : shown
+    }
   } else if (expected.failureReason !== actual.failureReason) {
     return `failure reason differed: expected ${JSON.stringify(expected.failureReason)} got ${
       JSON.stringify(actual.failureReason)
@@ -533,6 +774,20 @@ const compareOutcome = (
  * lease-lapse run also checks the old attempt was fenced: after the lapse it
  * recorded nothing and stopped.
  *
+ * Outputs, failure reasons and step arguments are compared modulo the ids
+ * each execution makes for itself: a run's execution id, step ids and
+ * dispatch ids (whole, or a run of at least 8 hex digits cut from one) are
+ * read as the uninterrupted run's for the same thing before comparing, so an
+ * agent that passes `stepId` to a provider as an idempotency key and reports
+ * the answer passes. Leave values the kit cannot map (a hash of a step id)
+ * out with `ignore`; `normalize` rewrites what is left.
+ *
+ * @example
+ * ```ts
+ * // the receipt's token is a hash of the step id: compare everything else
+ * yield* Explore.crashes(checkout, { amount: 10 }, { ignore: ["$.receipt.token"] })
+ * ```
+ *
  * @since 0.1.0
  * @category exploration
  */
@@ -548,7 +803,8 @@ export const crashes = <R>(
     const normalize = options?.normalize ?? ((output: unknown) => output)
     const timeout = options?.timeout === undefined ? {} : { timeout: options.timeout }
 
-    const baseline = yield* kernel.run(agent, input, timeout)
+    // by id: the outputs are compared as recorded (JSON), not decoded
+    const baseline = yield* kernel.run(agent.id, input, timeout)
     const baselineError = (reason: string) =>
       new CrashExplorationError({
         agentId: agent.id,
@@ -557,6 +813,33 @@ export const crashes = <R>(
         reason,
         executionId: baseline.executionId
       })
+    const ignored: Array<ReadonlyArray<Segment>> = []
+    for (const path of options?.ignore ?? []) {
+      const segments = parsePath(path)
+      if (segments === undefined) {
+        return yield* new CrashExplorationError({
+          agentId: agent.id,
+          mode: "baseline",
+          description: "the ignore option",
+          reason: `${JSON.stringify(path)} is not a path like $.a.b, $.items[0].id or $.items[*].id`,
+          executionId: baseline.executionId
+        })
+      }
+      ignored.push(segments)
+    }
+    /** The run's outcome as compared, with its ids mapped by `ids` (none for the uninterrupted run). */
+    const outcomeOf = (result: RunResult, ids?: IdMap): Outcome => {
+      const failureReason = result.failureReason ?? ""
+      if (result.status !== "completed") {
+        return { status: result.status, output: result.output, failureReason: ids?.text(failureReason) ?? failureReason }
+      }
+      const mapped = ids === undefined ? result.output : ids.value(result.output)
+      return {
+        status: result.status,
+        output: normalize(ignored.reduce<unknown>(withoutPath, mapped)),
+        failureReason: ids?.text(failureReason) ?? failureReason
+      }
+    }
     if (!isTerminal(baseline.status)) {
       return yield* baselineError(
         `ended ${baseline.status}${
@@ -567,6 +850,8 @@ export const crashes = <R>(
     const firstAttempt = attemptsOf(baseline.calls)[0]
     const baselineCalls = ofAttempt(baseline.calls, firstAttempt)
     const baselineSubmits = submitsOf(baselineCalls)
+    const baselineOutcome = outcomeOf(baseline)
+    const baselineIds = runIdsOf(baseline)
     const planned = planPoints(baselineCalls)
     const lapse = options?.lapse === false ?
       undefined :
@@ -584,15 +869,17 @@ export const crashes = <R>(
       return yield* baselineError(`has no step boundary ${JSON.stringify(options.lapse)} to lapse the lease at`)
     }
 
-    const windowOutcomes = new Map<string, { readonly description: string; readonly result: RunResult }>()
+    const windowOutcomes = new Map<string, { readonly description: string; readonly outcome: Outcome }>()
     const points: Array<PointReport> = []
     for (const plan of lapse === undefined ? planned : [...planned, lapse]) {
       const description = describePoint(plan.mode, plan.point, plan.call)
-      const result = yield* kernel.run(agent, input, {
+      const result = yield* kernel.run(agent.id, input, {
         ...timeout,
         recovery,
         ...(plan.mode === "crash" ? { crash: plan.point } : { lapse: plan.point })
       })
+      // this run's ids, as the uninterrupted run's
+      const ids = mapIds(baselineIds, runIdsOf(result))
       const fail = (reason: string) =>
         new CrashExplorationError({
           agentId: agent.id,
@@ -608,7 +895,7 @@ export const crashes = <R>(
 
       // 1. The point was reached: the run took the uninterrupted run's path.
       if (!(plan.mode === "crash" ? result.crashed : result.lapsed)) {
-        const divergence = diverge(baselineSubmits, submitsOf(firstCalls))
+        const divergence = diverge(baselineSubmits, submitsOf(firstCalls, ids))
         return yield* fail(
           "the point was never reached: the run took another path than the uninterrupted run" +
             (divergence === undefined ? "" : ` (${divergence.text})`)
@@ -671,15 +958,16 @@ export const crashes = <R>(
         ` (the body of ${reran.join(", ")} ran again after the ${
           plan.mode
         }: make its result idempotent or normalize the output)`
+      const outcome = outcomeOf(result, ids)
       if (plan.window === undefined) {
-        const differs = compareOutcome(baseline, result, normalize)
+        const differs = compareOutcome(baselineOutcome, outcome)
         if (differs !== undefined) return yield* fail(differs + hint)
       } else {
         const first = windowOutcomes.get(plan.window)
         if (first === undefined) {
-          windowOutcomes.set(plan.window, { description, result })
+          windowOutcomes.set(plan.window, { description, outcome })
         } else {
-          const differs = compareOutcome(first.result, result, normalize)
+          const differs = compareOutcome(first.outcome, outcome)
           if (differs !== undefined) {
             return yield* fail(
               `${differs} (compared with ${first.description}, inside the same at_most_once step ${plan.windowLabel}, where the replay sees an indeterminate ToolError)`
@@ -690,7 +978,7 @@ export const crashes = <R>(
 
       // 6. The replay submitted the same steps as the uninterrupted run.
       if (plan.window === undefined) {
-        const divergence = diverge(baselineSubmits, submitsOf(lastCalls))
+        const divergence = diverge(baselineSubmits, submitsOf(lastCalls, ids))
         if (divergence !== undefined) {
           return yield* fail(`the replay diverged from the uninterrupted run at ${divergence.text}${hint}`)
         }
@@ -703,7 +991,7 @@ export const crashes = <R>(
         executionId: result.executionId,
         status: result.status,
         output: result.output,
-        failureReason: result.failureReason,
+        ...(result.failureReason === undefined ? {} : { failureReason: result.failureReason }),
         deliveries: result.deliveries,
         verdict: plan.window === undefined ? "same" : "indeterminate",
         bodyRuns: bodies.runs
@@ -716,7 +1004,7 @@ export const crashes = <R>(
         executionId: baseline.executionId,
         status: baseline.status,
         output: baseline.output,
-        failureReason: baseline.failureReason,
+        ...(baseline.failureReason === undefined ? {} : { failureReason: baseline.failureReason }),
         calls: baseline.calls
       },
       points,
@@ -753,7 +1041,7 @@ export const determinism = <R>(
   Effect.gen(function*() {
     const kernel = yield* TestKernel
     yield* ensureRegistered(kernel, agent)
-    const result = yield* kernel.run(agent, input, {
+    const result = yield* kernel.run(agent.id, input, {
       crash: beforeOutcome,
       recovery: "lease",
       ...(options?.timeout === undefined ? {} : { timeout: options.timeout })

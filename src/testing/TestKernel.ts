@@ -32,8 +32,8 @@
  *
  * @since 0.1.0
  */
-import { Array as Arr, Clock, Context, Effect, Layer, Option, Redacted } from "effect"
-import type { Duration, Scope } from "effect"
+import { Array as Arr, Clock, Context, Effect, Layer, Option, Redacted, Schema, Scope } from "effect"
+import type { Duration } from "effect"
 import type { HttpClient } from "effect/http"
 import type { TestClock } from "effect/testing"
 import type * as Agent from "../Agent.js"
@@ -48,6 +48,7 @@ import { CallLog } from "./internal/callLog.js"
 import * as Clients from "./internal/clients.js"
 import type * as DirectClient from "./internal/directClient.js"
 import * as Faults from "./internal/faults.js"
+import * as Forks from "./internal/forks.js"
 import * as Processes from "./internal/processes.js"
 import * as TrackedClock from "./internal/trackedClock.js"
 import * as VirtualTime from "./internal/virtualTime.js"
@@ -67,7 +68,16 @@ export type CallName = DirectClient.CallName
  * @since 0.1.0
  * @category models
  */
-export type StepCallName = "submitStep" | "completeStep" | "failStep" | "completeExecution" | "failExecution"
+export type StepCallName =
+  | "submitStep"
+  | "completeStep"
+  | "failStep"
+  | "completeExecution"
+  | "failExecution"
+  /** The resource calls of a run (PROTOCOL-CURRENT C.6.2, C.6.3, C.6.6), since 0.2.0. */
+  | "registerResource"
+  | "bindResource"
+  | "publishCheckpoints"
 
 /**
  * Where a simulated crash happens. The agent's process "dies" at that point:
@@ -238,22 +248,63 @@ export interface KernelCall {
 }
 
 /**
+ * A step of a {@link RunResult}: the step as a client sees it, with its
+ * position in call order.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface RunStep extends Protocol.Step {
+  /**
+   * The step's position (0-based) in the order the execution first submitted
+   * its steps — from the event log, so the same on every run of the same
+   * agent and input, and across a replay.
+   */
+  readonly sequence: number
+}
+
+/**
  * What a settled execution looks like from outside: its status, output,
  * failure reason, steps, events and pending approvals, decoded exactly as a
  * client would see them over HTTP. Steps and events are those of the moment the
  * execution settled, decoded when first read.
  *
+ * `A` is the type of the output: {@link TestKernel.Service.run} given an
+ * agent types it by the agent's output (and decodes the recorded JSON with
+ * the agent's output Schema, when it has one).
+ *
+ * @example
+ * ```ts
+ * const run = yield* kernel.run(hello, { query: "a b" })
+ * run.output?.word_count // number | undefined, from hello's output Schema
+ * run.steps.map((s) => [s.sequence, s.target]) // [[0, "reverse"], [1, "word_count"]]
+ * run.failureReason // undefined: absent unless the execution failed or was cancelled
+ * ```
+ *
  * @since 0.1.0
  * @category models
  */
-export interface RunResult {
+export interface RunResult<A = unknown> {
   readonly executionId: string
   readonly status: Protocol.ExecutionStatus
-  /** The recorded output (parsed JSON); `undefined` when none was recorded. */
-  readonly output: unknown
-  readonly failureReason: string
+  /**
+   * The recorded output; `undefined` when none was recorded. From
+   * `kernel.run(agent, …)` with an agent that has an output Schema, the
+   * recorded JSON decoded with it; otherwise the parsed JSON. The JSON as
+   * recorded is `execution.output`.
+   */
+  readonly output: A | undefined
+  /** Why the execution failed or was cancelled; absent (not `""`) when there is no reason. */
+  readonly failureReason?: string | undefined
   readonly execution: Protocol.Execution
-  readonly steps: ReadonlyArray<Protocol.Step>
+  /**
+   * The execution's steps in call order (the order of their first
+   * submission), each with its {@link RunStep.sequence}. (The kernel's
+   * listing, {@link TestKernel.Service.steps}, is sorted by step id.)
+   *
+   * @since 0.1.0 (in call order, with `sequence`, since 0.2.0)
+   */
+  readonly steps: ReadonlyArray<RunStep>
   readonly events: ReadonlyArray<Protocol.Event>
   /** Pending approvals of this execution (non-empty when `status` is `blocked`). */
   readonly approvals: ReadonlyArray<Protocol.Approval>
@@ -265,7 +316,80 @@ export interface RunResult {
   readonly crashed: boolean
   /** Whether an injected lease lapse fired. */
   readonly lapsed: boolean
+  /**
+   * A fork's restoration (PROTOCOL-CURRENT C.7.1), on the result of
+   * {@link TestKernel.Service.fork} only: for each resource the source had
+   * registered by the fork point, the checkpoint the fork's resource starts
+   * from and whether it covers the fork point. Absent on other results, and
+   * when the source had no resources.
+   *
+   * @since 0.2.0
+   */
+  readonly restoration?: Protocol.Restoration | undefined
 }
+
+/**
+ * What a fork records instead of a copied step's outcome
+ * ({@link ForkOptions.override}): the step replays `result` as `succeeded`,
+ * or `error` as `failed` — the JSON the step's body would have recorded. An
+ * `error` given as a string is recorded as the SDK records a failure,
+ * `{"message": <string>}` (a tool call then fails with a `ToolError` whose
+ * `text` is `"<target>: <string>"`).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type StepOverride = { readonly result: unknown } | { readonly error: unknown }
+
+/**
+ * Where a fork starts (PROTOCOL-CURRENT C.7), at most one of:
+ *
+ * - `atStep: k` — step `k` (0-based, in call order: `run.steps[k]`) and
+ *   every step after it run live in the fork; the steps before it that had
+ *   settled replay from the source's record (their bodies do not run).
+ *   `k` may be the number of steps: every settled step replays.
+ * - `atSeq: n` — the source's event seq `n` (`1..latest`): the steps
+ *   settled by then replay. `"latestCovered"`: the latest seq at which every
+ *   resource has a checkpoint covering it (`Protocol.latestCoveredSeq`), so
+ *   that each resource is restored exactly as it was there.
+ * - neither — the source's latest seq.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type ForkPoint =
+  | { readonly atStep: number; readonly atSeq?: undefined }
+  | { readonly atSeq: number | "latestCovered"; readonly atStep?: undefined }
+  | { readonly atStep?: undefined; readonly atSeq?: undefined }
+
+/**
+ * Options of {@link TestKernel.Service.fork}: where the fork starts
+ * ({@link ForkPoint}), what is different in it — its own `policy`, the
+ * `override`n outcome of copied steps — and, as for
+ * {@link TestKernel.Service.run}, the faults to inject into its runs.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type ForkOptions = ForkPoint & {
+  /**
+   * A policy bundle (YAML) for the fork only (C.7.2 step 1): every step that
+   * runs live in the fork is decided by it. Without one the fork runs under
+   * the source's own bundle (a fork of a fork) or the agent's. Copied steps
+   * replay whatever the policy says.
+   */
+  readonly policy?: string | undefined
+  /**
+   * Record other outcomes for copied steps, keyed by the **source** step's
+   * id (`run.steps[i].stepId`) or by a target, which names every copied step
+   * with that target. A key that names no copied step fails with `400
+   * validation_error` and nothing is forked. Not a wire feature: a fork with
+   * overrides is made through the kernel core on both transports.
+   */
+  readonly override?: Readonly<Record<string, StepOverride>> | undefined
+  /** Run the fork in this session (it must have no executions yet, C.4.1). */
+  readonly session?: string | undefined
+} & Pick<RunOptions, "crash" | "lapse" | "recovery" | "faults" | "timeout">
 
 /**
  * The test kernel's settings.
@@ -355,12 +479,60 @@ export declare namespace TestKernel {
      * stretches are skipped in one step.
      */
     readonly settle: (executionId: string, options?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure>
-    /** Create an execution of a registered agent and settle it. */
-    readonly run: (
-      agent: Agent.Agent<any, any, any, any> | string,
+    /**
+     * Create an execution of a registered agent and settle it. Given the
+     * agent (not its id), the result's `output` has the agent's output type,
+     * decoded with its output Schema when it has one.
+     */
+    readonly run: <Ag extends Agent.Agent<any, any, any, any, any> | string>(
+      agent: Ag,
       input?: unknown,
       options?: RunOptions
-    ) => Effect.Effect<RunResult, Core.KernelFailure>
+    ) => Effect.Effect<RunResult<OutputOf<Ag>>, Core.KernelFailure>
+    /**
+     * "What if": fork a settled execution (PROTOCOL-CURRENT C.7) — at a step,
+     * at an event seq, or at the latest seq where its resources are covered —
+     * optionally under another policy or with other recorded outcomes for the
+     * steps it copies, and settle the fork. The fork reruns the agent from the
+     * top on the same input: the copied steps replay without running their
+     * bodies and without asking the policy; every step after the fork point
+     * runs live under the fork's policy, `at_most_once` steps included.
+     *
+     * Given the source's {@link RunResult}, the fork's `output` has its type
+     * (decoded with the agent's output Schema, as `run` does); given an id, it
+     * is the parsed JSON. The result carries the fork's `restoration`. On the
+     * `"http"` transport the fork is made with `POST …/fork` through the
+     * kit's `Client` (unless it has overrides, which are not on the wire).
+     * Fails as the route does (`404` unknown source, `400` a bad seq, session
+     * or bundle, `409` a session in use), plus `400` for a bad `atStep` or an
+     * override that names no copied step — with nothing forked.
+     *
+     * @example
+     * ```ts
+     * const source = yield* kernel.run(refund, { order: "A-1" })
+     * // would the fork still refund if the policy denied it?
+     * const fork = yield* kernel.fork(source, { atStep: 1, policy: denyRefunds })
+     * expect(fork.steps[1].status).toBe("denied")
+     * // and if the lookup had found another amount?
+     * const other = yield* kernel.fork(source, { override: { lookup_order: { result: { amount: 0 } } } })
+     * ```
+     *
+     * @since 0.2.0
+     */
+    readonly fork: <A = unknown>(
+      source: RunResult<A> | string,
+      options?: ForkOptions
+    ) => Effect.Effect<RunResult<A>, Core.KernelFailure>
+    /**
+     * The points an execution may be forked at (PROTOCOL-CURRENT C.7.3): its
+     * latest seq, its resources with the seq each was registered at, and
+     * every checkpoint with the seqs it covers — read through
+     * `GET …/fork-points` over the kit's `Client` on the `"http"` transport.
+     * `Protocol.isCovered` and `Protocol.latestCoveredSeq` read it.
+     *
+     * @since 0.2.0
+     */
+    readonly forkPoints: (executionId: string) => Effect.Effect<Protocol.ForkPoints, Core.KernelFailure>
     /** Arrange a crash in the next run of an execution that reaches the point. */
     readonly crash: (executionId: string, point: CrashPoint) => Effect.Effect<void>
     /** Arrange a transport failure for an execution's calls. */
@@ -443,6 +615,14 @@ export declare namespace TestKernel {
 }
 
 /**
+ * The output type of an agent (`unknown` for an agent id).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type OutputOf<Ag> = Ag extends Agent.Agent<any, infer A, any, any, any> ? A : unknown
+
+/**
  * The test kernel service.
  *
  * @since 0.1.0
@@ -451,6 +631,40 @@ export declare namespace TestKernel {
 export class TestKernel extends Context.Service<TestKernel, TestKernel.Service>()("effect-rebuno/testing/TestKernel") {}
 
 const nonEmpty = (s: string | undefined): string | undefined => s === "" ? undefined : s
+
+/**
+ * The result with its recorded output decoded by the agent's output Schema
+ * (when it has one and an output was recorded). A recorded output that does
+ * not decode — a Schema whose encoding does not round-trip — is a defect of
+ * the test, reported as such.
+ */
+const decodeOutput = (
+  agent: Agent.Agent<any, any, any, any, any>,
+  result: RunResult,
+  kitContext: Context.Context<never>
+): Effect.Effect<RunResult> => {
+  const schema = agent.outputSchema
+  if (schema === undefined || result.output === undefined) return Effect.succeed(result)
+  // The decoding services: the caller's, over those the kit was built with (the agents' services).
+  const decode = Effect.flatMap(
+    Effect.context<never>(),
+    (context) =>
+      Effect.provideContext(
+        Schema.decodeUnknownEffect(schema)(result.output) as Effect.Effect<unknown, Schema.SchemaError, never>,
+        Context.merge(kitContext, context)
+      )
+  )
+  return decode.pipe(
+    Effect.map((output) => Object.defineProperty(result, "output", { value: output, enumerable: true })),
+    Effect.catch((error) =>
+      Effect.die(
+        new Error(
+          `kernel.run: the output recorded for agent "${agent.id}" does not decode with its output Schema: ${error.message}`
+        )
+      )
+    )
+  )
+}
 
 /**
  * Build a test kernel in the current scope. Prefer {@link layer}.
@@ -471,6 +685,7 @@ export const make = <R = never>(
 > =>
   Effect.gen(function*() {
     const secret = options.secret ?? "test-secret"
+    const kitContext = Context.omit(Scope.Scope)(yield* Effect.context<never>()) as Context.Context<never>
     // Every sleep of the kit's runs goes through this clock, so that settling can
     // move virtual time straight to the next one (TestClock lists no sleeps).
     const clock = yield* Clock.clockWith((clock) =>
@@ -497,8 +712,13 @@ export const make = <R = never>(
     const dispatcher = yield* Dispatcher.make(core, { deliver: processes.deliver, background: false })
     yield* Effect.addFinalizer(() => processes.close)
 
+    /** The registered agents by id: a fork of a typed result decodes its output with the agent's Schema. */
+    const agents = new Map<string, Agent.Agent<any, any, any, any, any>>()
     const register: TestKernel.Service["register"] = (agent, registerOptions) =>
-      processes.register(agent, kernelClient, client, registerOptions?.policy ?? options.policies?.[agent.id])
+      Effect.tap(
+        processes.register(agent, kernelClient, client, registerOptions?.policy ?? options.policies?.[agent.id]),
+        () => Effect.sync(() => agents.set(agent.id, agent))
+      )
 
     const create: TestKernel.Service["create"] = (agentId, input, createOptions) =>
       Effect.gen(function*() {
@@ -542,21 +762,65 @@ export const make = <R = never>(
         }))
     })
 
+    // Forks go through the kit's `Client` on the wire transport (PROTOCOL-CURRENT C.7.1, C.7.3).
+    const forkClient = options.transport === "http" ? client : undefined
+    const fork = <A = unknown>(
+      source: RunResult<A> | string,
+      forkOptions: ForkOptions = {}
+    ): Effect.Effect<RunResult<A>, Core.KernelFailure> =>
+      Effect.gen(function*() {
+        const sourceId = typeof source === "string" ? source : source.executionId
+        const atSeq = yield* Forks.resolveSeq(
+          core,
+          () => Forks.forkPoints(core, forkClient, sourceId),
+          sourceId,
+          forkOptions
+        )
+        const overrides = yield* Forks.resolveOverrides(core, sourceId, atSeq, forkOptions.override)
+        const created = yield* Forks.create(core, forkClient, sourceId, {
+          atSeq,
+          session: nonEmpty(forkOptions.session),
+          policyBundle: nonEmpty(forkOptions.policy),
+          overrides
+        })
+        let result = yield* settle(created.id, {
+          crash: forkOptions.crash,
+          lapse: forkOptions.lapse,
+          recovery: forkOptions.recovery,
+          faults: forkOptions.faults,
+          timeout: forkOptions.timeout
+        })
+        if (created.restoration !== undefined) {
+          Object.defineProperty(result, "restoration", { value: created.restoration, enumerable: true })
+        }
+        const agent = typeof source === "string" ? undefined : agents.get(result.execution.agentId)
+        if (agent !== undefined) result = yield* decodeOutput(agent, result, kitContext)
+        return result as RunResult<A>
+      })
+
     const kernel: TestKernel.Service = {
       core,
       register,
       create,
       settle,
-      run: (agent, input, runOptions) =>
-        Effect.flatMap(
-          create(typeof agent === "string" ? agent : agent.id, input, {
-            agentVersion: runOptions?.agentVersion,
-            session: runOptions?.session,
-            idempotencyKey: runOptions?.idempotencyKey,
-            parentExecutionId: runOptions?.parentExecutionId
-          }),
-          (id) => settle(id, runOptions)
-        ),
+      run: <Ag extends Agent.Agent<any, any, any, any, any> | string>(
+        agent: Ag,
+        input?: unknown,
+        runOptions?: RunOptions
+      ): Effect.Effect<RunResult<OutputOf<Ag>>, Core.KernelFailure> =>
+        create(typeof agent === "string" ? agent : agent.id, input, {
+          agentVersion: runOptions?.agentVersion,
+          session: runOptions?.session,
+          idempotencyKey: runOptions?.idempotencyKey,
+          parentExecutionId: runOptions?.parentExecutionId
+        }).pipe(
+          Effect.flatMap((id) => settle(id, runOptions)),
+          Effect.flatMap((result) =>
+            typeof agent === "string" ? Effect.succeed(result) : decodeOutput(agent, result, kitContext)
+          )
+        ) as Effect.Effect<RunResult<OutputOf<Ag>>, Core.KernelFailure>,
+      fork,
+      forkPoints: (executionId) => Forks.forkPoints(core, forkClient, executionId),
       crash: (executionId, point) => Effect.sync(() => faults.crash(executionId, point)),
       fault: (executionId, fault) => Effect.sync(() => faults.fault(executionId, fault)),
       restart: processes.restart,

@@ -4,10 +4,14 @@
  * `test/python/` run as child processes (`Agent.run`, uvicorn), the SDK from
  * a venv the test makes itself (test/support/pythonSdk.ts; needs python3).
  *
- * Six flows, each asserting what a user sees (status, output, events in
+ * Eight flows, each asserting what a user sees (status, output, events in
  * order, steps, side-effect counters): hello, an approval granted through the
  * Python `Client`, crash and replay (SIGKILL mid-run), a session whose second
- * execution reads the first's state, a subagent, rate-limit parking.
+ * execution reads the first's state, a subagent, rate-limit parking, a
+ * resource (a directory checkpointed by a Python driver, a crash mid-run, and
+ * a fork restored from the last checkpoint), and forks made with the Python
+ * `Client.fork` that replay the copied steps and run the rest live, one under
+ * a policy of its own.
  *
  * Every agent talks to the kernel through a recording proxy; when a flow
  * fails (or always, with `REBUNO_PYTHON_SDK_TRACE=1`), every request the SDK
@@ -599,6 +603,221 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
           rule_id: "ping-rate",
           error: { reason: "rate_limit_exceeded", rule_id: "ping-rate" }
         })
+        expectCleanWire(proxy)
+      })
+    ), 60_000)
+
+  it.effect("resources: a checkpointed directory, a crash mid-run, and a fork restored from the last checkpoint", () =>
+    flow((t) =>
+      Effect.gen(function*() {
+        // a kernel of its own with a short lease, so the lost run is reclaimed quickly
+        const kernel = yield* Kernel.start({ stage: "current", settings: { leaseTimeoutMs: 3_000 } })
+        const local = { ...t, kernelUrl: kernel.url }
+        const client = yield* clientFor(kernel.url)
+        const root = yield* tempDir
+        const env = { WORKSPACE_ROOT: root }
+        const { agent, proxy, restart } = yield* launch(local, {
+          script: "workspace.py",
+          agentId: "workspace",
+          env: { ...env, HANG_ON: "c.txt" }
+        })
+        const files = [
+          { name: "a.txt", text: "alpha" },
+          { name: "b.txt", text: "bravo" },
+          { name: "c.txt", text: "charlie" }
+        ]
+        const created = yield* client.create("workspace", { files })
+        yield* waitFor("the write of c.txt to start", Effect.sync(() => counter(t.counterDir, "write_c.txt")), (n) => n === 1)
+        yield* agent.kill("SIGKILL")
+        const killedAt = proxy.exchanges.length
+
+        // the restarted process reopens the bound directory (a partial write included), replays a and b
+        yield* restart(env)
+        const done = yield* waitTerminal(kernel.url, created.id, 30_000)
+        const abc = { "a.txt": "alpha", "b.txt": "bravo", "c.txt": "charlie" }
+        expect(done).toMatchObject({
+          status: "completed",
+          output: { initial: { "a.txt": "alpha", "b.txt": "bravo", "c.txt": "PARTIAL" }, files: abc }
+        })
+        expect([1, 1, 2]).toEqual(["a.txt", "b.txt", "c.txt"].map((name) => counter(t.counterDir, `write_${name}`)))
+        const after = { ...proxy, exchanges: proxy.exchanges.slice(killedAt) }
+        expect(after.exchanges.filter((e) => e.status >= 300)).toEqual([])
+        expect(submitsOf(after, "write_file").map((s) => s.answer.decision)).toEqual(["replay", "replay", "proceed"])
+
+        // what the kernel recorded: registration, binding, a baseline and one capture per write (C.6)
+        const events = yield* client.events(created.id)
+        const resourceEvents = events.filter((e) => e.type.startsWith("resource."))
+        expect(resourceEvents.map((e) => [e.type, (e.payload as Json).generation])).toEqual([
+          ["resource.registered", undefined],
+          ["resource.bound", undefined],
+          ["resource.checkpointed", 0],
+          ["resource.checkpointed", 1],
+          ["resource.checkpointed", 2],
+          // the rerun's baseline while the orphaned write of c.txt still counts as a writer
+          ["resource.checkpoint_failed", 3],
+          ["resource.checkpointed", 4],
+          // on completion, after list_files touched the directory
+          ["resource.checkpointed", 5]
+        ])
+        expect(resourceEvents[0]!.payload).toEqual({
+          key: "workspace",
+          driver_id: "local.dir.v1",
+          configuration: { store: "sha256" },
+          coverage_reuse: false,
+          every_steps: 1,
+          on_completion: true
+        })
+        expect(resourceEvents[1]!.payload).toEqual({ key: "workspace", binding: { path: done.output.path } })
+        expect(resourceEvents[5]!.payload).toMatchObject({ error: "writers_active" })
+
+        // restore: fork at the checkpoint taken after b.txt, with the SDK's Client.fork
+        const afterB = resourceEvents[4]!
+        const bRef = (afterB.payload as Json).checkpoint_ref as string
+        const clientProxy = yield* recordingProxy(kernel.url)
+        t.trace.entries.push({ name: "forker.py", output: () => "(in the error, if it failed)", proxy: clientProxy })
+        const report = (yield* runScript({
+          python: t.python,
+          script: "forker.py",
+          kernelUrl: clientProxy.url,
+          counterDir: t.counterDir,
+          timeoutMs: 45_000,
+          env: { SOURCE_ID: created.id, AT_SEQ: String(afterB.eventSeq) }
+        })) as Json
+        expect(report.forked).toMatchObject({
+          agent_id: "workspace",
+          status: "running",
+          forked_from: created.id,
+          fork_seq: afterB.eventSeq,
+          input: { files },
+          restoration: {
+            workspace: { checkpoint_ref: bRef, checkpoint_seq: (afterB.payload as Json).covered_seq, covered: true }
+          }
+        })
+        const fork = yield* waitTerminal(kernel.url, report.forked.id, 30_000)
+        // the fork's directory started as of the checkpoint (no partial c.txt), a and b replayed, c ran live
+        expect(fork).toMatchObject({
+          status: "completed",
+          forked_from: created.id,
+          output: { initial: { "a.txt": "alpha", "b.txt": "bravo" }, files: abc }
+        })
+        expect(fork.output.path).not.toBe(done.output.path)
+        expect(fork.restoration).toBeUndefined()
+        expect([1, 1, 3]).toEqual(["a.txt", "b.txt", "c.txt"].map((name) => counter(t.counterDir, `write_${name}`)))
+        const forkEvents = yield* client.events(report.forked.id)
+        expect(forkEvents.filter((e) => e.type.startsWith("resource.")).map((e) => e.type).slice(0, 5)).toEqual([
+          "resource.registered",
+          "resource.initialized",
+          "resource.checkpointed",
+          "resource.checkpointed",
+          "resource.checkpointed"
+        ])
+        expect(forkEvents.find((e) => e.type === "resource.initialized")!.payload).toEqual({
+          key: "workspace",
+          generation: 2,
+          checkpoint_ref: bRef
+        })
+        expect(clientProxy.exchanges.map((e) => [e.method, e.path, e.status])).toEqual([
+          ["POST", `/v0/executions/${created.id}/fork`, 201]
+        ])
+        expect(JSON.parse(clientProxy.exchanges[0]!.body)).toEqual({ at_seq: afterB.eventSeq })
+      })
+    ), 90_000)
+
+  it.effect("forks: Client.fork replays the copied steps and runs the rest live, under the fork's policy", () =>
+    flow((t) =>
+      Effect.gen(function*() {
+        const { proxy } = yield* launch(t, { script: "pipeline.py", agentId: "pipeline" })
+        const created = yield* t.client.create("pipeline", { topic: "rebuno" })
+        const done = yield* waitTerminal(t.kernelUrl, created.id)
+        const fetched = { topic: "rebuno", facts: ["rebuno is durable"], fetches: 1 }
+        expect(done).toMatchObject({
+          status: "completed",
+          output: { fetched, published: { summary: "rebuno is durable", publishes: 1 } }
+        })
+        const events = yield* t.client.events(created.id)
+        const fetchSettled = events.find((e) => e.type === "step.succeeded")!.eventSeq
+
+        const fork = (env: Record<string, string>) =>
+          Effect.gen(function*() {
+            const clientProxy = yield* recordingProxy(t.kernelUrl)
+            t.trace.entries.push({ name: "forker.py", output: () => "(in the error, if it failed)", proxy: clientProxy })
+            const report = (yield* runScript({
+              python: t.python,
+              script: "forker.py",
+              kernelUrl: clientProxy.url,
+              counterDir: t.counterDir,
+              timeoutMs: 45_000,
+              env: { SOURCE_ID: created.id, AT_SEQ: String(fetchSettled), ...env }
+            })) as Json
+            expect(clientProxy.exchanges.map((e) => e.status)).toEqual([201])
+            return report.forked as Json
+          })
+
+        // a fork with its own policy: fetch replays, publish is denied live
+        const denying = yield* fork({
+          FORK_POLICY: [
+            "default_action: allow",
+            "rules:",
+            "  - id: no-publish",
+            "    when: { target: publish }",
+            "    then: { decision: deny, reason: publishing is off in this branch }",
+            ""
+          ].join("\n")
+        })
+        expect(denying).toMatchObject({
+          agent_id: "pipeline",
+          status: "running",
+          forked_from: created.id,
+          fork_seq: fetchSettled,
+          input: { topic: "rebuno" }
+        })
+        expect(denying.restoration).toBeNull()
+        const denied = yield* waitTerminal(t.kernelUrl, denying.id)
+        expect(denied).toMatchObject({
+          status: "completed",
+          // the SDK's wrapper hands the denial to the caller as text (C.11, §14.6)
+          output: {
+            fetched,
+            published: "publish not allowed. reason: [policy_denied] publishing is off in this branch (HTTP 403)"
+          }
+        })
+        const denial = (yield* t.client.events(denying.id)).find((e) => e.type === "step.denied")!
+        expect(denial.payload).toMatchObject({
+          target: "publish",
+          rule_id: "no-publish",
+          error: { reason: "publishing is off in this branch", rule_id: "no-publish" }
+        })
+        const forkedEvents = yield* t.client.events(denying.id)
+        expect(forkedEvents.slice(0, 2).map((e) => [e.type, e.payload])).toEqual([
+          ["execution.created", { execution_id: denying.id, status: "pending" }],
+          ["execution.forked", { fork_seq: fetchSettled, policy_override: true, source_execution_id: created.id }]
+        ])
+        expect(lifecycle(forkedEvents)).toEqual([
+          "execution.created",
+          "execution.forked",
+          "step.proposed",
+          "step.allowed",
+          "step.executing",
+          "step.succeeded",
+          "execution.started",
+          "step.proposed",
+          "step.denied",
+          "execution.completed"
+        ])
+
+        // a fork without one: publish runs again, live (at_most_once included)
+        const live = yield* fork({ FORK_SESSION: "what-if" })
+        expect(live).toMatchObject({ session: "what-if", status: "running" })
+        const published = yield* waitTerminal(t.kernelUrl, live.id)
+        expect(published).toMatchObject({
+          status: "completed",
+          session: "what-if",
+          output: { fetched, published: { summary: "rebuno is durable", publishes: 2 } }
+        })
+        expect(counter(t.counterDir, "fetch")).toBe(1)
+        expect(counter(t.counterDir, "publish")).toBe(2)
+        // every fetch in the forks replayed the recorded step
+        expect(submitsOf(proxy, "fetch").map((s) => s.answer.decision)).toEqual(["proceed", "replay", "replay"])
         expectCleanWire(proxy)
       })
     ), 60_000)

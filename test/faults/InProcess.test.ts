@@ -7,8 +7,8 @@
  * nothing recorded may be lost.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Fiber, Schema } from "effect"
-import { Agent, Tool } from "effect-rebuno"
+import { Deferred, Duration, Effect, Fiber, Layer, Random, Schema } from "effect"
+import { Agent, KernelClient, Tool } from "effect-rebuno"
 import type { ToolError } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
 
@@ -22,6 +22,8 @@ interface WorldOptions {
   readonly gate?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
   /** Hold only the first `fetch` body (the first run's) until this opens. */
   readonly holdFirst?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
+  /** Hold only the second `fetch` body until this opens. */
+  readonly holdSecond?: { readonly open: Deferred.Deferred<void>; readonly started: Deferred.Deferred<void> }
   /** Virtual time the `fetch` body takes. */
   readonly fetchTakes?: Duration.Input
   /** Make `fetch` fail (a ToolError recorded with step fail). */
@@ -41,7 +43,8 @@ const makeWorld = (options: WorldOptions = {}) => {
     execute: ({ key }) =>
       Effect.gen(function*() {
         started.fetch++
-        const hold = options.gate ?? (started.fetch === 1 ? options.holdFirst : undefined)
+        const hold = options.gate ??
+          (started.fetch === 1 ? options.holdFirst : started.fetch === 2 ? options.holdSecond : undefined)
         if (hold !== undefined) {
           yield* Deferred.succeed(hold.started, undefined)
           yield* Deferred.await(hold.open)
@@ -90,6 +93,15 @@ const callsOf = (run: TestKernel.RunResult, attempt: number, call?: TestKernel.C
   run.calls.filter((c) => c.attempt === attempt && (call === undefined || c.call === call))
 
 const at = (event: { readonly occurredAt: string }) => Date.parse(event.occurredAt)
+
+/**
+ * Every retry delay at its nominal value (the jitter draws 80 %–120 % of it
+ * with the fiber's `Random`; 0.5 is the middle), so that virtual times are exact.
+ */
+const nominalDelays = Layer.succeed(Random.Random, { nextDoubleUnsafe: () => 0.5, nextIntUnsafe: () => 0 })
+
+/** The kit, with retry delays at their nominal values. */
+const kit = (options: TestKernel.Options<never>) => TestKernel.layer(options).pipe(Layer.provide(nominalDelays))
 
 describe("crashes", () => {
   it.effect("before a step's body (after submit answered proceed): the body runs once, in the redelivery", () => {
@@ -552,7 +564,7 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
       expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 100, 300, 700])
       expect(world.started).toEqual({ fetch: 1, charge: 1 })
       expect(count(run, "step.succeeded")).toBe(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
   })
 
   it.effect("during a step complete whose answer is lost: the retry is answered replay, nothing recorded twice", () => {
@@ -571,22 +583,38 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
     }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
   })
 
-  it.effect("during a step complete, retries exhausted: abandoned; the safe body runs again, the charge once", () => {
+  it.effect("during a step complete, failing for one lease timeout while heartbeats get through: abandoned; the safe body runs again, the charge once", () => {
     const world = makeWorld()
     return Effect.gen(function*() {
       const kernel = yield* TestKernel.TestKernel
       const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 0, when: "before", times: 4 }]
+        faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }]
       })
       expect(run.status).toBe("completed")
       expect(run.output).toEqual(expectedOutput)
-      expect(callsOf(run, 1, "completeStep").map((c) => c.reached)).toEqual([false, false, false, false])
+      // the beats renew the lease, but no call retries longer than one lease timeout (120 s) after its first failure
+      const completes = callsOf(run, 1, "completeStep")
+      expect(completes.every((c) => !c.reached)).toBe(true)
+      expect(completes.map((c) => c.atMs - completes[0]!.atMs).slice(0, 8)).toEqual([
+        0,
+        100,
+        300,
+        700,
+        1_500,
+        3_100,
+        6_300,
+        11_300
+      ])
+      expect(completes.at(-1)!.atMs - completes[0]!.atMs).toBe(120_000)
+      expect(callsOf(run, 1, "heartbeat").map((c) => c.answer)).toEqual(["ok", "ok", "ok", "ok"])
+      // then the run abandons: nothing more of it, and the lease lapses
+      expect(callsOf(run, 1).filter((c) => c.seq > completes.at(-1)!.seq && c.call !== "heartbeat")).toEqual([])
       expect(callsOf(run, 1, "submitStep")).toHaveLength(1)
       expect(world.started).toEqual({ fetch: 2, charge: 1 })
       expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
       expect(count(run, "step.succeeded")).toBe(2)
       expect(run.deliveries).toBe(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
   })
 
   it.effect("during a step fail: retried, the failure recorded once", () => {
@@ -607,8 +635,8 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
     }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
   })
 
-  it.effect("during heartbeats: failures are ignored, the next beat renews the lease", () => {
-    // The body ends just after the fifth beat, not on it: Effect 4's TestClock wakes
+  it.effect("during heartbeats: a failed beat is retried with backoff and renews the lease", () => {
+    // The body ends just after a beat, not on it: Effect 4's TestClock wakes
     // sleeps due at the same instant one by one in the order they were made, so a
     // body ending exactly on a beat would finish the run before that beat fires.
     const world = makeWorld({ fetchTakes: "151 seconds" })
@@ -620,18 +648,21 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
       expect(run.status).toBe("completed")
       expect(run.output).toEqual(expectedOutput)
       expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      // beats every 30 s (lease 120 s / 3, at most 30 s): two are lost, the third renews the lease
+      // beats every 30 s (lease 120 s / 3, at most 30 s): the first beat and its first retry are
+      // lost, the second retry (300 ms later) renews the lease, and the beats go on from there
       expect(run.deliveries).toBe(1)
       const beats = callsOf(run, 1, "heartbeat")
       expect(beats.map((c) => [c.atMs - beats[0]!.atMs, c.reached, c.answer])).toEqual([
         [0, false, undefined],
-        [30_000, false, undefined],
-        [60_000, true, "ok"],
-        [90_000, true, "ok"],
-        [120_000, true, "ok"]
+        [100, false, undefined],
+        [300, true, "ok"],
+        [30_300, true, "ok"],
+        [60_300, true, "ok"],
+        [90_300, true, "ok"],
+        [120_300, true, "ok"]
       ])
       expect(world.started).toEqual({ fetch: 1, charge: 1 })
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
   })
 
   it.effect("during every heartbeat: the lease lapses and the redelivery supersedes the run", () => {
@@ -695,5 +726,272 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
       expect(callsOf(abandoned, 1)).toEqual([])
       expect(world.started).toEqual({ fetch: 2, charge: 2 })
     }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
+  })
+})
+
+/**
+ * Issue 13: a kernel unreachable for a few seconds (a restart) must not lose
+ * finished work. The kit's faults fail a kind of call a number of times in a
+ * row; with retry delays at their nominal values (100 ms doubling to 5 s) a
+ * number of failures is a span of virtual time, given in each case. Before
+ * issue 13 a step outcome was tried four times over 0.7 s, then the run was
+ * abandoned: the safe body ran again and the at_most_once one came back
+ * `indeterminate` from the redelivery.
+ */
+describe.each(["direct", "http"] as const)("a kernel outage shorter than the lease (%s transport)", (transport) => {
+  const failedSpan = (calls: ReadonlyArray<TestKernel.KernelCall>) => {
+    const failed = calls.filter((c) => !c.reached)
+    return failed.at(-1)!.atMs - failed[0]!.atMs
+  }
+  const noIndeterminate = (run: TestKernel.RunResult) =>
+    expect(run.steps.filter((s) => s.error !== undefined && s.error !== null)).toEqual([])
+
+  it.effect("during a body and at its step complete (30 s → 51 s): recorded, nothing runs twice, one delivery", () => {
+    const world = makeWorld({ fetchTakes: "40 seconds" })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [
+          // the beat at 30 s and its retries until 46.3 s; the one at 51.3 s gets through
+          { call: "heartbeat", index: 0, when: "before", times: 9 },
+          // the body ends at 40 s: its complete and retries until 46.3 s; the one at 51.3 s gets through
+          { call: "completeStep", index: 0, when: "before", times: 7 }
+        ]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(run.deliveries).toBe(1)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      noIndeterminate(run)
+      const beats = callsOf(run, 1, "heartbeat")
+      expect(beats.slice(0, 10).map((c) => [c.atMs, c.reached])).toEqual([
+        [30_000, false],
+        [30_100, false],
+        [30_300, false],
+        [30_700, false],
+        [31_500, false],
+        [33_100, false],
+        [36_300, false],
+        [41_300, false],
+        [46_300, false],
+        [51_300, true]
+      ])
+      const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
+      expect(completes.map((c) => [c.atMs, c.answer])).toEqual([
+        [40_000, undefined],
+        [40_100, undefined],
+        [40_300, undefined],
+        [40_700, undefined],
+        [41_500, undefined],
+        [43_100, undefined],
+        [46_300, undefined],
+        [51_300, "recorded"]
+      ])
+      expect(count(run, "step.succeeded")).toBe(2)
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+  })
+
+  it.effect("at an at_most_once step's complete (21 s): recorded as it ran, not indeterminate", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeStep", index: 1, when: "before", times: 9 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(run.deliveries).toBe(1)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+      noIndeterminate(run)
+      const charges = callsOf(run, 1, "completeStep").filter((c) => c.target === "charge")
+      expect(failedSpan(charges)).toBe(16_300)
+      expect(charges.at(-1)).toMatchObject({ answer: "recorded", delivered: true })
+      expect(charges.at(-1)!.atMs - charges[0]!.atMs).toBe(21_300)
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+  })
+
+  it.effect("at a step fail and at the execution fail (16 s each): each recorded once, the body ran once", () => {
+    const world = makeWorld({ fetchFails: true })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [
+          { call: "failStep", index: 0, when: "before", times: 8 },
+          { call: "failExecution", index: 0, when: "before", times: 8 }
+        ]
+      })
+      expect(run.status).toBe("failed")
+      expect(run.failureReason).toBe("tool_error: fetch: upstream down")
+      expect(run.deliveries).toBe(1)
+      expect(world.started).toEqual({ fetch: 1, charge: 0 })
+      expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
+        ["fetch", "failed", { message: "upstream down" }]
+      ])
+      const fails = callsOf(run, 1, "failStep")
+      expect(fails.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "recorded"])
+      expect(fails.at(-1)!.atMs - fails[0]!.atMs).toBe(16_300)
+      const posts = callsOf(run, 1, "failExecution")
+      expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
+      expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
+      expect(count(run, "step.failed")).toBe(1)
+      expect(count(run, "execution.failed")).toBe(1)
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+  })
+
+  it.effect("at the execution complete (16 s): completed by the first run, nothing replayed", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeExecution", index: 0, when: "before", times: 8 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      expect(run.deliveries).toBe(1)
+      expect(world.started).toEqual({ fetch: 1, charge: 1 })
+      noIndeterminate(run)
+      const posts = callsOf(run, 1, "completeExecution")
+      expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
+      expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
+      expect(count(run, "execution.completed")).toBe(1)
+      expect(callsOf(run, 2)).toEqual([])
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+  })
+
+  it.effect("during heartbeats until close to the lease's end: the retried beat renews it, no redelivery", () => {
+    // Lease 12 s, a beat every 4 s. A 1 s warm-up step, then a 20 s one whose submit (at 1 s)
+    // is the last renewal before the outage: the lease can be valid until 13 s. The beats of
+    // 4 s to 7.1 s are lost; the retry at 10.3 s renews it. Beats without retries (4, 8, 12,
+    // 16 s, …) would all be lost, and the kernel would redeliver at 13 s.
+    const started = { warmup: 0, work: 0 }
+    const warmup = Tool.make("warmup", {
+      args: Schema.Struct({}),
+      success: Schema.String,
+      execute: () => Effect.sync(() => void started.warmup++).pipe(Effect.andThen(Effect.sleep("1 second")), Effect.as("warm"))
+    })
+    const work = Tool.make("work", {
+      args: Schema.Struct({}),
+      success: Schema.String,
+      idempotency: "at_most_once",
+      execute: () => Effect.sync(() => void started.work++).pipe(Effect.andThen(Effect.sleep("20 seconds")), Effect.as("done"))
+    })
+    const agent = Agent.make({
+      id: "steady",
+      handler: () => Effect.all([warmup({}), work({})])
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(agent, {}, {
+        faults: [{ call: "heartbeat", index: 0, when: "before", times: 6 }]
+      })
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(["warm", "done"])
+      expect(run.deliveries).toBe(1)
+      expect(started).toEqual({ warmup: 1, work: 1 })
+      noIndeterminate(run)
+      const beats = callsOf(run, 1, "heartbeat")
+      expect(beats.map((c) => [c.atMs, c.answer])).toEqual([
+        [4_000, undefined],
+        [4_100, undefined],
+        [4_300, undefined],
+        [4_700, undefined],
+        [5_500, undefined],
+        [7_100, undefined],
+        [10_300, "ok"],
+        [14_300, "ok"],
+        [18_300, "ok"]
+      ])
+    }).pipe(Effect.provide(kit({ agents: [agent], transport, settings: { leaseTimeoutMs: 12_000 } })))
+  })
+})
+
+describe.each(["direct", "http"] as const)("a kernel outage and the lease bound (%s transport)", (transport) => {
+  it.effect("an outage longer than the lease: the run gives up when the lease cannot be valid; the kernel redelivers", () => {
+    const world = makeWorld({ fetchTakes: "40 seconds" })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [
+          { call: "heartbeat", index: 0, when: "before", times: 1_000 },
+          { call: "completeStep", index: 0, when: "before", times: 1_000 }
+        ]
+      })
+      // the submit at 0 s was the last renewal: the lease could be valid until 120 s
+      const first = callsOf(run, 1)
+      expect(first.filter((c) => c.reached).map((c) => [c.call, c.atMs])).toEqual([["submitStep", 0]])
+      const completes = callsOf(run, 1, "completeStep")
+      expect(completes[0]!.atMs).toBe(40_000)
+      expect(completes.at(-1)!.atMs).toBe(120_000)
+      expect(Math.max(...first.map((c) => c.atMs))).toBe(120_000)
+      // the run abandoned: no call of it after the lease's end; the kernel redelivered
+      expect(run.deliveries).toBe(2)
+      expect(run.status).toBe("completed")
+      expect(run.output).toEqual(expectedOutput)
+      // the unrecorded safe body ran again (the outage outlasted the lease); the charge once
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+  })
+
+  it.effect("a lease_superseded answer stops the retries at once", () =>
+    Effect.gen(function*() {
+      const second = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const world = makeWorld({ holdSecond: second })
+      return yield* Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const id = yield* kernel.create(world.agent.id, { key: "k" })
+        const settling = yield* Effect.forkChild(kernel.settle(id, {
+          // six tries of the fetch complete fail; before the sixth, the run stalls and its lease
+          // lapses at once: the kernel redelivers, and the new run holds the lease (its fetch
+          // body waits on `second`) when the old one's seventh try arrives
+          faults: [{ call: "completeStep", index: 0, when: "before", times: 6 }],
+          lapse: { call: "completeStep", index: 5, when: "before" },
+          recovery: "immediate"
+        }))
+        yield* Deferred.await(second.started)
+        const oldCompletes = Effect.map(
+          kernel.calls(id),
+          (calls) => calls.filter((c) => c.attempt === 1 && c.call === "completeStep")
+        )
+        while ((yield* oldCompletes).length < 7) yield* Effect.yieldNow
+        yield* Deferred.succeed(second.open, undefined)
+        const run = yield* Fiber.join(settling)
+        expect(run.lapsed).toBe(true)
+        const completes = callsOf(run, 1, "completeStep")
+        expect(completes.map((c) => c.answer)).toEqual([...Array(6).fill(undefined), "lease_superseded"])
+        // nothing of the old run after that answer, though its retry budget was far from spent
+        expect(callsOf(run, 1).filter((c) => c.seq >= completes.at(-1)!.answerSeq!)).toEqual([])
+        expect(completes.at(-1)!.atMs).toBeLessThan(10_000)
+        expect(run.status).toBe("completed")
+        expect(run.output).toEqual(expectedOutput)
+        expect(count(run, "step.succeeded")).toBe(2)
+        expect(world.started).toEqual({ fetch: 2, charge: 1 })
+        expect(run.deliveries).toBe(2)
+      }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
+    }))
+
+  it.effect("the budget is configurable: KernelClient.OutcomeRetry (every 1 s, at most 3 s)", () => {
+    const world = makeWorld()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(world.agent, { key: "k" }, {
+        faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }]
+      })
+      const completes = callsOf(run, 1, "completeStep")
+      expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 1_000, 2_000, 3_000])
+      expect(run.deliveries).toBe(2)
+      expect(run.status).toBe("completed")
+      expect(world.started).toEqual({ fetch: 2, charge: 1 })
+    }).pipe(
+      Effect.provide(
+        kit({ agents: [world.agent], transport }).pipe(
+          Layer.provide(
+            Layer.succeed(KernelClient.OutcomeRetry, { baseDelay: "1 second", maxDelay: "1 second", maxElapsed: "3 seconds" })
+          )
+        )
+      )
+    )
   })
 })

@@ -3,6 +3,7 @@ import { ConfigProvider, Effect, Option, Redacted } from "effect"
 import * as ChildProcess from "node:child_process"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
+import * as Net from "node:net"
 import type { AddressInfo } from "node:net"
 import * as Os from "node:os"
 import * as Path from "node:path"
@@ -18,6 +19,8 @@ interface Spawned {
   readonly child: ChildProcess.ChildProcess
   /** Resolves with the first stdout line matching `pattern`. */
   readonly waitFor: (pattern: RegExp) => Promise<string>
+  /** Resolves with the first stderr line matching `pattern`. */
+  readonly waitForErr: (pattern: RegExp) => Promise<string>
   readonly output: () => { readonly stdout: string; readonly stderr: string }
   readonly exited: Promise<number | null>
 }
@@ -37,19 +40,26 @@ const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string> = {})
   })
   child.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
     stderr += chunk
+    for (const w of waiters.splice(0)) w()
   })
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
-  const waitFor = (pattern: RegExp) =>
+  const waitIn = (stream: () => string) => (pattern: RegExp) =>
     new Promise<string>((resolve, reject) => {
       const check = () => {
-        const line = stdout.split("\n").find((l) => pattern.test(l))
+        const line = stream().split("\n").find((l) => pattern.test(l))
         if (line !== undefined) return resolve(line)
         waiters.push(check)
       }
       void exited.then((code) => reject(new Error(`exited with ${code}: ${stdout}\n${stderr}`)))
       check()
     })
-  return { child, waitFor, output: () => ({ stdout, stderr }), exited }
+  return {
+    child,
+    waitFor: waitIn(() => stdout),
+    waitForErr: waitIn(() => stderr),
+    output: () => ({ stdout, stderr }),
+    exited
+  }
 }
 
 /** Spawns the CLI for the duration of the scope; kills exactly that child afterwards. */
@@ -67,6 +77,47 @@ const tempDir = Effect.acquireRelease(
   Effect.sync(() => Fs.mkdtempSync(Path.join(Os.tmpdir(), "rebuno-cli-"))),
   (dir) => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true }))
 )
+
+/** This machine's first non-loopback IPv4 address, if it has one. */
+const externalAddress = Object.values(Os.networkInterfaces()).flat().find((i) =>
+  i !== undefined && i.family === "IPv4" && !i.internal
+)?.address
+
+/** Whether a TCP connection to `host:port` is accepted. */
+const accepts = (host: string, port: number) =>
+  Effect.callback<boolean>((resume) => {
+    const socket = Net.connect({ host, port })
+    socket.once("connect", () => {
+      socket.destroy()
+      resume(Effect.succeed(true))
+    })
+    socket.once("error", () => resume(Effect.succeed(false)))
+  }).pipe(Effect.timeout("3 seconds"))
+
+/** A port nothing listens on (bound, then released). */
+const closedPort = Effect.callback<number>((resume) => {
+  const server = Net.createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const port = (server.address() as AddressInfo).port
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+/** A manifest with one agent whose webhook URL nothing listens on. */
+const unreachableManifest = Effect.gen(function*() {
+  const dir = yield* tempDir
+  const port = yield* closedPort
+  const manifest = Path.join(dir, "manifest.yaml")
+  Fs.writeFileSync(manifest, `agents:\n  - id: hello\n    webhook_url: http://127.0.0.1:${port}/webhook\n    secret: s3cr3t-value\n`)
+  return { manifest, webhookUrl: `http://127.0.0.1:${port}/webhook` }
+})
+
+const createExecution = (url: string) =>
+  Effect.promise(() =>
+    fetch(url + "/v0/executions", { method: "POST", body: "{\"agent_id\":\"hello\"}" }).then(async (r) =>
+      (await r.json()) as { readonly id: string }
+    )
+  )
 
 const getJson = (url: string) =>
   Effect.promise(() => fetch(url).then(async (r) => ({ status: r.status, body: await r.text() })))
@@ -242,6 +293,110 @@ describe("CLI", () => {
       const bad = yield* scopedCli(["dev", "--port", "0", "--stage", "v2"])
       expect(yield* Effect.promise(() => bad.exited)).not.toBe(0)
       expect(bad.output().stderr).toContain("v2")
+    }), 60_000)
+
+  it.live("the dev loop talks: each failed delivery and the exhaustion are logged on stderr (text, leveled)", () =>
+    Effect.gen(function*() {
+      const { manifest, webhookUrl } = yield* unreachableManifest
+      const cli = yield* scopedCli(["dev", "--port", "0", "--config", manifest, "--max-attempts", "2"])
+      const line = yield* Effect.promise(() => cli.waitFor(/listening on/))
+      const url = /listening on (http:\/\/\S+)$/.exec(line)![1]!
+      // The banner says the kernel is local only, and that nothing listens at the webhook URL yet.
+      yield* Effect.promise(() =>
+        cli.waitFor(/^reachable from this machine only \(--host 0\.0\.0\.0 to accept other machines and containers\)$/)
+      )
+      yield* Effect.promise(() => cli.waitFor(/^protocol stage:/))
+      expect(cli.output().stdout).toContain(
+        `registered agent hello -> ${webhookUrl} (nothing is listening there yet: deliveries fail until the agent runs)`
+      )
+      if (externalAddress !== undefined) {
+        expect(yield* accepts(externalAddress, Number(new URL(url).port))).toBe(false)
+      }
+      const { id } = yield* createExecution(url)
+      const exhausted = yield* Effect.promise(() => cli.waitForErr(/level=ERROR/))
+      const lines = cli.output().stderr.trimEnd().split("\n")
+      // logfmt, one line per entry: two warnings (attempts 1 and 2), then the execution's failure.
+      expect(lines).toHaveLength(3)
+      expect(lines[0]).toMatch(/^timestamp=\S+ level=WARN fiber=#\d+ message="webhook delivery to agent hello failed: connection refused/)
+      expect(lines[0]).toContain("attempt 1 of 2, next in")
+      expect(lines[0]).toContain(
+        `rebuno.agent_id=hello rebuno.webhook_url=${webhookUrl} rebuno.execution_id=${id} rebuno.dispatch_id=`
+      )
+      expect(lines[0]).toContain("rebuno.dispatch_attempt=1 rebuno.error=connection_refused")
+      expect(lines[1]).toContain("attempt 2 of 2, the last")
+      expect(exhausted).toContain(
+        `message="execution ${id} failed with dispatch_exhausted: gave up on agent hello after 2 attempts (last: connection refused)"`
+      )
+      expect(cli.output().stderr).not.toContain("s3cr3t-value")
+      expect(cli.output().stdout).not.toContain("s3cr3t-value")
+      // The execution's events say why, too.
+      const events = JSON.parse((yield* getJson(`${url}/v0/executions/${id}/events`)).body) as ReadonlyArray<
+        { readonly type: string; readonly payload: { readonly error?: unknown } }
+      >
+      expect(events.filter((e) => e.type === "dispatch.failed").map((e) => e.payload.error)).toEqual([
+        { message: "connection refused", reason: "connection_refused" },
+        { message: "connection refused", reason: "connection_refused" }
+      ])
+    }), 60_000)
+
+  it.live("--log-format json: one JSON object per line; --log-level and REBUNO_LOG_LEVEL choose the level; --host 0.0.0.0 exposes it", () =>
+    Effect.gen(function*() {
+      const { manifest, webhookUrl } = yield* unreachableManifest
+      const json = yield* scopedCli(
+        ["dev", "--port", "0", "--host", "0.0.0.0", "--config", manifest, "--max-attempts", "1", "--log-format", "json"],
+        { REBUNO_LOG_LEVEL: "debug" }
+      )
+      // REBUNO_LOG_FORMAT=json with --log-level error: only the exhaustion.
+      const quiet = yield* scopedCli(
+        ["dev", "--port", "0", "--config", manifest, "--max-attempts", "1", "--log-level", "error"],
+        { REBUNO_LOG_FORMAT: "json", REBUNO_LOG_LEVEL: "debug" }
+      )
+      const jsonUrl = /listening on (http:\/\/\S+)$/.exec(yield* Effect.promise(() => json.waitFor(/listening on/)))![1]!
+      const quietUrl = /listening on (http:\/\/\S+)$/.exec(yield* Effect.promise(() => quiet.waitFor(/listening on/)))![1]!
+      expect(jsonUrl).toMatch(/^http:\/\/localhost:\d+$/)
+      yield* Effect.promise(() => json.waitFor(/^protocol stage:/))
+      expect(json.output().stdout).not.toContain("reachable from this machine only")
+      if (externalAddress !== undefined) {
+        expect(yield* accepts(externalAddress, Number(new URL(jsonUrl).port))).toBe(true)
+      }
+      const { id } = yield* createExecution(jsonUrl)
+      yield* Effect.promise(() => json.waitForErr(/"level":"ERROR"/))
+      const entries = json.output().stderr.trimEnd().split("\n").map((line) => JSON.parse(line) as {
+        readonly message: string
+        readonly level: string
+        readonly annotations: Record<string, unknown>
+      })
+      const failed = entries.find((e) => e.level === "WARN")!
+      expect(failed.message).toMatch(/^webhook delivery to agent hello failed: connection refused \(is the agent running/)
+      expect(failed.annotations).toMatchObject({
+        "rebuno.agent_id": "hello",
+        "rebuno.webhook_url": webhookUrl,
+        "rebuno.execution_id": id,
+        "rebuno.dispatch_attempt": "1",
+        "rebuno.error": "connection_refused"
+      })
+      expect(entries.at(-1)).toMatchObject({
+        level: "ERROR",
+        message: `execution ${id} failed with dispatch_exhausted: gave up on agent hello after 1 attempt (last: connection refused)`
+      })
+
+      const { id: quietId } = yield* createExecution(quietUrl)
+      const only = yield* Effect.promise(() => quiet.waitForErr(/"level":"ERROR"/))
+      expect(JSON.parse(only)).toMatchObject({ level: "ERROR", annotations: { "rebuno.execution_id": quietId } })
+      expect(quiet.output().stderr.trimEnd().split("\n")).toHaveLength(1)
+    }), 60_000)
+
+  it.live("--help says how to expose the kernel and how to choose the log format; a bad format is refused", () =>
+    Effect.gen(function*() {
+      const help = yield* scopedCli(["dev", "--help"])
+      expect(yield* Effect.promise(() => help.exited)).toBe(0)
+      expect(help.output().stdout).toContain("--host 0.0.0.0 accepts connections from other machines and containers")
+      expect(help.output().stdout).toContain("--log-format")
+      const bad = yield* scopedCli(["dev", "--port", "0"], { REBUNO_LOG_FORMAT: "xml" })
+      expect(yield* Effect.promise(() => bad.exited)).not.toBe(0)
+      expect(bad.output().stderr).toContain(
+        "Invalid data at REBUNO_LOG_FORMAT: invalid format \"xml\" (expected one of: text, json)"
+      )
     }), 60_000)
 
   it.live("start-up errors exit non-zero with the message", () =>

@@ -1,6 +1,6 @@
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Queue, Ref } from "effect"
+import { Clock, Deferred, Effect, Fiber, Layer, Logger, Queue, Ref, References } from "effect"
 import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -73,6 +73,30 @@ const deliveredAll = (core: Core.KernelCore, log: Queue.Queue<Delivered>, taken 
 
 const eventTypes = (core: Core.KernelCore, id: string) =>
   Effect.map(core.eventLog(id), (events) => events.map((e) => e.type))
+
+interface Logged {
+  readonly level: string
+  readonly message: string
+  readonly annotations: Readonly<Record<string, unknown>>
+}
+
+/** A logger that keeps every entry (all levels) with its annotations. */
+const captureLogs = () => {
+  const lines: Array<Logged> = []
+  const logger = Logger.make<unknown, void>((options) => {
+    const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
+    lines.push({
+      level: options.logLevel,
+      message: parts.map(String).join(" "),
+      annotations: { ...options.fiber.getRef(References.CurrentLogAnnotations) }
+    })
+  })
+  const layer = Layer.merge(Logger.layer([logger]), Layer.succeed(References.MinimumLogLevel, "All"))
+  return { lines, layer }
+}
+
+const payloadsOf = (core: Core.KernelCore, id: string, type: string) =>
+  Effect.map(core.eventLog(id), (events) => events.filter((e) => e.type === type).map((e) => e.payload))
 
 describe("Dispatcher", () => {
   it.effect("delivers the exact signed webhook body", () =>
@@ -491,10 +515,24 @@ describe("Dispatcher", () => {
         expect(yield* send("/302")).toBe(true)
         expect(seen.map((s) => [s.method, s.url, s.body])).toEqual([["POST", "/302", BODY], ["GET", "/ok", ""]])
         seen.length = 0
-        expect(yield* send("/loop")).toBe(false)
+        const failure = (path: string) => Effect.flip(send(path))
+        expect(yield* failure("/loop")).toMatchObject({
+          _tag: "DeliveryError",
+          reason: "too_many_redirects",
+          status: 302,
+          message: "stopped after 10 redirects"
+        })
         expect(seen).toHaveLength(11)
-        expect(yield* send("/400")).toBe(false)
-        expect(yield* send("/500")).toBe(false)
+        expect(yield* failure("/400")).toMatchObject({
+          reason: "http_status",
+          status: 400,
+          message: "the agent answered 400 Bad Request"
+        })
+        expect(yield* failure("/500")).toMatchObject({
+          reason: "http_status",
+          status: 500,
+          message: "the agent answered 500 Internal Server Error"
+        })
       }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
 
     it.live("network errors and timeouts are failures", () =>
@@ -503,9 +541,190 @@ describe("Dispatcher", () => {
           // never answers
         })
         const deliver = yield* Dispatcher.httpDeliver({ timeoutMs: 200 })
-        expect(yield* deliver(claimFor(base + "/hang"), BODY, SIG)).toBe(false)
-        expect(yield* deliver(claimFor("http://127.0.0.1:1/webhook"), BODY, SIG)).toBe(false)
-        expect(yield* deliver(claimFor("not a url"), BODY, SIG)).toBe(false)
+        const failure = (url: string) => Effect.flip(deliver(claimFor(url), BODY, SIG))
+        expect(yield* failure(base + "/hang")).toMatchObject({ reason: "timeout", message: "no answer within 0.2s" })
+        const refused = yield* failure("http://127.0.0.1:1/webhook")
+        expect(refused).toMatchObject({ reason: "connection_refused", message: "connection refused" })
+        expect(refused.status).toBeUndefined()
+        expect(yield* failure("not a url")).toMatchObject({ reason: "network_error", message: "invalid webhook URL" })
       }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
+
+    it.live("a refused connection, a 401 and a timeout: a warning each with agent, URL, attempt and cause, and the cause on dispatch.failed", () => {
+      const capture = captureLogs()
+      return Effect.gen(function*() {
+        const rejecting = yield* serve((req, res) => {
+          req.resume()
+          req.on("end", () => {
+            res.writeHead(401)
+            res.end()
+          })
+        })
+        const hanging = yield* serve(() => {
+          // never answers
+        })
+        const core = yield* Core.make({ random: () => 0 })
+        const urls: Record<string, string> = {
+          down: "http://127.0.0.1:1/webhook",
+          strict: rejecting + "/webhook",
+          slow: hanging + "/webhook"
+        }
+        const executions: Record<string, string> = {}
+        for (const [agentId, webhookUrl] of Object.entries(urls)) {
+          yield* core.registerAgent({ id: agentId, webhookUrl, secret: SECRET })
+          executions[agentId] = (yield* core.createExecution({ agentId, inputRaw: "{}", agentVersion: undefined })).id
+        }
+        const dispatcher = yield* Dispatcher.make(core, { background: false, timeoutMs: 300 })
+        yield* dispatcher.tick
+
+        const causes = {
+          down: { message: "connection refused", reason: "connection_refused" },
+          strict: { message: "the agent answered 401 Unauthorized", reason: "http_status", status: 401 },
+          slow: { message: "no answer within 0.3s", reason: "timeout" }
+        }
+        const hints = {
+          down: ` (is the agent running and listening at ${urls["down"]}?)`,
+          strict:
+            " (the agent rejected the signature: compare the agent's REBUNO_AGENT_SECRET with this agent's secret in the kernel's manifest)",
+          slow: " (the agent must answer the webhook at once and work in the background; see --dispatch-timeout)"
+        }
+        for (const agentId of ["down", "strict", "slow"] as const) {
+          const executionId = executions[agentId]!
+          const [dispatch] = yield* core.dispatches(executionId)
+          // The event: its members as PROTOCOL 12.2 lists them, plus `error` with the cause.
+          expect(yield* payloadsOf(core, executionId, "dispatch.failed")).toEqual([
+            `{"attempt":1,"dispatch_id":"${dispatch!.id}","error":${JSON.stringify(causes[agentId])},` +
+            `"execution_id":"${executionId}","status":"failed"}`
+          ])
+          // The log line: one warning naming the cause, with the delivery's identity as annotations.
+          const lines = capture.lines.filter((l) => l.annotations["rebuno.agent_id"] === agentId)
+          expect(lines.map((l) => [l.level, l.message])).toEqual([[
+            "Warn",
+            `webhook delivery to agent ${agentId} failed: ${causes[agentId].message}${hints[agentId]}; attempt 1 of 5, next in 1s`
+          ]])
+          expect(lines[0]!.annotations).toEqual({
+            "rebuno.agent_id": agentId,
+            "rebuno.webhook_url": urls[agentId],
+            "rebuno.execution_id": executionId,
+            "rebuno.dispatch_id": dispatch!.id,
+            "rebuno.dispatch_attempt": "1",
+            "rebuno.error": causes[agentId].reason,
+            ...(agentId === "strict" ? { "rebuno.http_status": 401 } : {})
+          })
+        }
+      }).pipe(Effect.provide(capture.layer))
+    })
+  })
+
+  describe("what a failed delivery tells", () => {
+    const rejected = new Dispatcher.DeliveryError({
+      reason: "http_status",
+      message: "the agent answered 404 Not Found",
+      status: 404
+    })
+
+    it.effect("every attempt is logged, the last one with the execution's failure; a success at debug level", () => {
+      const capture = captureLogs()
+      return Effect.gen(function*() {
+        const { core, create } = yield* setup({ maxAttempts: 2 })
+        const dispatcher = yield* Dispatcher.make(core, { deliver: () => Effect.fail(rejected), background: false })
+        const id = yield* create
+        yield* dispatcher.tick
+        yield* TestClock.adjust("2 seconds")
+        yield* dispatcher.tick
+        expect((yield* core.getExecution(id)).failureReason).toBe("dispatch_exhausted")
+        const hint = " (no webhook at http://127.0.0.1:1/webhook: check the path of the agent's webhook_url)"
+        expect(capture.lines.map((l) => [l.level, l.message])).toEqual([
+          ["Warn", `webhook delivery to agent hello failed: the agent answered 404 Not Found${hint}; attempt 1 of 2, next in 1s`],
+          ["Warn", `webhook delivery to agent hello failed: the agent answered 404 Not Found${hint}; attempt 2 of 2, the last`],
+          [
+            "Error",
+            `execution ${id} failed with dispatch_exhausted: gave up on agent hello after 2 attempts (last: the agent answered 404 Not Found)`
+          ]
+        ])
+        expect(capture.lines[2]!.annotations).toMatchObject({
+          "rebuno.execution_id": id,
+          "rebuno.dispatch_attempt": "2",
+          "rebuno.error": "http_status",
+          "rebuno.http_status": 404
+        })
+        expect((yield* payloadsOf(core, id, "dispatch.failed")).map((p) => JSON.parse(p).error)).toEqual([
+          { message: "the agent answered 404 Not Found", reason: "http_status", status: 404 },
+          { message: "the agent answered 404 Not Found", reason: "http_status", status: 404 }
+        ])
+
+        capture.lines.length = 0
+        const ok = yield* setup()
+        const okDispatcher = yield* Dispatcher.make(ok.core, { deliver: () => Effect.succeed(true), background: false })
+        const okId = yield* ok.create
+        yield* okDispatcher.tick
+        expect(capture.lines.map((l) => [l.level, l.message])).toEqual([
+          ["Debug", "webhook delivered to agent hello; attempt 1"]
+        ])
+        expect(capture.lines[0]!.annotations).toMatchObject({ "rebuno.execution_id": okId, "rebuno.dispatch_attempt": "1" })
+      }).pipe(Effect.provide(capture.layer))
+    })
+
+    it.effect("a deliverer's plain `false` and its defects are failures too; the logs stay silent below their level", () => {
+      const capture = captureLogs()
+      return Effect.gen(function*() {
+        const { core, create } = yield* setup({ maxAttempts: 5 })
+        let calls = 0
+        const dispatcher = yield* Dispatcher.make(core, {
+          deliver: () => (calls++ === 0 ? Effect.succeed(false) : Effect.die(new Error("boom"))),
+          background: false
+        })
+        const id = yield* create
+        yield* dispatcher.tick
+        yield* TestClock.adjust("2 seconds")
+        yield* dispatcher.tick
+        expect(capture.lines.map((l) => l.message)).toEqual([
+          "webhook delivery to agent hello failed: the deliverer reported a failure; attempt 1 of 5, next in 1s",
+          "webhook delivery to agent hello failed: boom; attempt 2 of 5, next in 2s"
+        ])
+        // a failure without a cause records no `error`
+        expect((yield* payloadsOf(core, id, "dispatch.failed")).map((p) => JSON.parse(p).error)).toEqual([
+          undefined,
+          { message: "boom", reason: "internal_error" }
+        ])
+        // Above the level, nothing is logged.
+        capture.lines.length = 0
+        yield* TestClock.adjust("4 seconds")
+        yield* dispatcher.tick.pipe(Effect.provideService(References.MinimumLogLevel, "Error"))
+        expect(capture.lines).toEqual([])
+      }).pipe(Effect.provide(capture.layer))
+    })
+
+    it.effect("credentials in a webhook URL stay out of the logs", () => {
+      const capture = captureLogs()
+      return Effect.gen(function*() {
+        const core = yield* Core.make({ random: () => 0 })
+        yield* core.registerAgent({ id: "hello", webhookUrl: "http://bob:hunter2@127.0.0.1:1/webhook", secret: SECRET })
+        yield* core.createExecution({ agentId: "hello", inputRaw: "{}", agentVersion: undefined })
+        const refused = new Dispatcher.DeliveryError({ reason: "connection_refused", message: "connection refused" })
+        const dispatcher = yield* Dispatcher.make(core, { deliver: () => Effect.fail(refused), background: false })
+        yield* dispatcher.tick
+        expect(capture.lines[0]!.message).toContain("listening at http://***@127.0.0.1:1/webhook?")
+        expect(capture.lines[0]!.annotations["rebuno.webhook_url"]).toBe("http://***@127.0.0.1:1/webhook")
+        expect(JSON.stringify(capture.lines)).not.toContain("hunter2")
+        expect(JSON.stringify(capture.lines)).not.toContain(SECRET)
+      }).pipe(Effect.provide(capture.layer))
+    })
+
+    it.effect("seed and v0.14.0 stages keep dispatch.failed as PROTOCOL 12.2 writes it; the log still tells the cause", () => {
+      const capture = captureLogs()
+      return Effect.gen(function*() {
+        for (const stage of ["seed", "v0.14.0"] as const) {
+          const { core, create } = yield* setup({ stage })
+          const dispatcher = yield* Dispatcher.make(core, { deliver: () => Effect.fail(rejected), background: false })
+          const id = yield* create
+          yield* dispatcher.tick
+          const [dispatch] = yield* core.dispatches(id)
+          expect(yield* payloadsOf(core, id, "dispatch.failed")).toEqual([
+            `{"attempt":1,"dispatch_id":"${dispatch!.id}","execution_id":"${id}","status":"failed"}`
+          ])
+        }
+        expect(capture.lines.filter((l) => l.message.includes("the agent answered 404 Not Found"))).toHaveLength(2)
+      }).pipe(Effect.provide(capture.layer))
+    })
   })
 })

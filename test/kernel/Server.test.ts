@@ -1,5 +1,8 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, Redacted } from "effect"
+import { Context, Effect, Fiber, Layer, Redacted } from "effect"
+import { HttpServer } from "effect/http"
+import { TestConsole } from "effect/testing"
+import * as Net from "node:net"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -35,7 +38,74 @@ const raw = (
 const start = (options: Kernel.StartOptions = {}) =>
   Kernel.start({ port: 0, dispatcher: { deliver: () => Effect.succeed(true) }, ...options })
 
+/** This machine's first non-loopback IPv4 address, if it has one. */
+const externalAddress = Object.values(Os.networkInterfaces()).flat().find((i) =>
+  i !== undefined && i.family === "IPv4" && !i.internal
+)?.address
+
+/** Whether a TCP connection to `host:port` is accepted. */
+const accepts = (host: string, port: number) =>
+  Effect.callback<boolean>((resume) => {
+    const socket = Net.connect({ host, port })
+    socket.once("connect", () => {
+      socket.destroy()
+      resume(Effect.succeed(true))
+    })
+    socket.once("error", () => resume(Effect.succeed(false)))
+  }).pipe(Effect.timeout("3 seconds"))
+
+const portOf = (url: string) => Number(new URL(url).port)
+
 describe("Server", () => {
+  it.live("binds the loopback interface unless told otherwise; \"\" and 0.0.0.0 listen on every interface", () =>
+    Effect.gen(function*() {
+      const core = yield* Kernel.Core.make()
+      const bound = (host?: string) =>
+        Effect.map(
+          Layer.build(Kernel.Server.layer({ port: 0, core, ...(host === undefined ? {} : { host }) })),
+          (context) => Kernel.formatUrl(Context.get(context, HttpServer.HttpServer).address)
+        )
+      // formatUrl shows a wildcard address as localhost
+      expect(yield* bound()).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+      expect(yield* bound("")).toMatch(/^http:\/\/localhost:\d+$/)
+
+      const local = yield* start()
+      expect(local.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
+      const exposed = yield* start({ host: "0.0.0.0" })
+      expect(exposed.url).toMatch(/^http:\/\/localhost:\d+$/)
+      if (externalAddress !== undefined) {
+        // Other machines reach the kernel only when it is exposed.
+        expect(yield* accepts(externalAddress, portOf(local.url))).toBe(false)
+        expect(yield* accepts(externalAddress, portOf(exposed.url))).toBe(true)
+      }
+      expect(yield* accepts("127.0.0.1", portOf(local.url))).toBe(true)
+    }))
+
+  it.live("Kernel.layerLogger: the delivery loop's lines, one per entry on stderr, as logfmt or JSON", () =>
+    Effect.gen(function*() {
+      for (const format of Kernel.logFormats) {
+        const lines = yield* Effect.scoped(Effect.gen(function*() {
+          const kernel = yield* Kernel.start({ port: 0, settings: { maxAttempts: 1 } })
+          yield* kernel.core.registerAgent({ id: "a", webhookUrl: "http://127.0.0.1:1/webhook", secret: "s" })
+          const { id } = yield* kernel.core.createExecution({ agentId: "a", inputRaw: "{}", agentVersion: undefined })
+          // The background loop delivers (and fails) on its own.
+          for (let i = 0; i < 300 && (yield* kernel.core.getExecution(id)).status !== "failed"; i++) {
+            yield* Effect.sleep("10 millis")
+          }
+          return (yield* TestConsole.errorLines).map(String)
+        })).pipe(Effect.provide(Kernel.layerLogger(format)), Effect.provide(TestConsole.layer))
+        expect(lines).toHaveLength(2)
+        for (const line of lines) expect(line).not.toContain("\n")
+        if (format === "json") {
+          expect(lines.map((l) => JSON.parse(l).level)).toEqual(["WARN", "ERROR"])
+          expect(JSON.parse(lines[0]!).annotations).toMatchObject({ "rebuno.agent_id": "a", "rebuno.error": "connection_refused" })
+        } else {
+          expect(lines[0]).toMatch(/^timestamp=\S+ level=WARN fiber=#\d+ message="webhook delivery to agent a failed: connection refused/)
+          expect(lines[1]).toMatch(/ level=ERROR .*dispatch_exhausted/)
+        }
+      }
+    }))
+
   it.live("serves exact JSON bytes on a real socket", () =>
     Effect.gen(function*() {
       const kernel = yield* start()

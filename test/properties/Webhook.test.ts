@@ -16,10 +16,11 @@
  *   receiver keeps working afterwards.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Layer } from "effect"
 import * as fc from "fast-check"
 import * as Agent from "../../src/Agent.js"
 import * as Signature from "../../src/Signature.js"
+import * as TestLogs from "../support/logging.js"
 import {
   checkProperty,
   completes,
@@ -86,7 +87,7 @@ describe("property: bad webhooks to the agent", () => {
   it.effect("toWebHandler: the same verdicts through Request → Response", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
-      const web = Agent.toWebHandler(agent, kernel.layer)
+      const web = Agent.toWebHandler(agent, Layer.merge(kernel.layer, TestLogs.layer))
       yield* Effect.addFinalizer(() => Effect.promise(() => web.dispose()))
       yield* checkProperty(
         "agent webhook (toWebHandler)",

@@ -8,11 +8,12 @@
  * test/properties/Socket.test.ts.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { HttpServerRequest } from "effect/http"
 import * as Agent from "../../src/Agent.js"
 import * as Signature from "../../src/Signature.js"
 import { membersText, stubKernel, webhookMembers } from "../support/arbitraries.js"
+import * as TestLogs from "../support/logging.js"
 
 const SECRET = "cap-secret"
 const CAP = Agent.maxWebhookBodyBytes
@@ -66,7 +67,7 @@ describe("webhook body cap", () => {
   it.effect("toWebHandler: 413 over the cap (declared or streamed), judged as usual at the cap", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
-      const web = Agent.toWebHandler(agent, kernel.layer)
+      const web = Agent.toWebHandler(agent, Layer.merge(kernel.layer, TestLogs.layer))
       yield* Effect.addFinalizer(() => Effect.promise(() => web.dispose()))
       const call = (request: Request) => Effect.promise(() => web.handler(request))
 

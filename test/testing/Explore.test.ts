@@ -1,6 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Schema } from "effect"
-import { Agent, Step, Tool } from "effect-rebuno"
+import { createHash } from "node:crypto"
+import { Agent, Execution, Step, Tool } from "effect-rebuno"
 import type { ToolError } from "effect-rebuno"
 import { Explore, TestKernel } from "effect-rebuno/testing"
 import { deployer } from "../../examples/approval.js"
@@ -286,5 +287,124 @@ describe("Explore.crashes", () => {
         "the uninterrupted run: ended blocked on an approval; crash exploration needs a run that finishes on its own"
       )
     }).pipe(Effect.provide(TestKernel.layer({ agents: [hello.agent], policies: { hello: policy } })))
+  })
+})
+
+/**
+ * Pays with the step id as the provider's idempotency key (as the README
+ * recommends) and reports what the provider answered: the output carries
+ * values made from step ids, the execution id and the dispatch id, which
+ * differ from one execution to the next.
+ */
+const makeIdempotentBilling = (options?: { readonly leak?: () => number }) => {
+  const charges: Array<string> = []
+  const charge = Tool.make("charge", {
+    args: Schema.Struct({ amount: Schema.Number }),
+    success: Schema.Struct({ receipt: Schema.String, key: Schema.String }),
+    idempotency: "at_most_once",
+    execute: ({ amount }, { stepId }) =>
+      Effect.sync(() => {
+        charges.push(stepId)
+        // a provider that answers with a receipt number cut from the key
+        return { receipt: `rcpt_${stepId.slice(0, 12)}_${amount}`, key: stepId }
+      })
+  })
+  const notify = Tool.make("notify", {
+    args: Schema.Struct({ receipt: Schema.String }),
+    success: Schema.String,
+    execute: ({ receipt }, { stepId }) => Effect.succeed(`sent ${receipt} (message ${stepId})`)
+  })
+  const agent = Agent.make({
+    id: "billing",
+    input: Schema.Struct({ amount: Schema.Number }),
+    handler: ({ amount }) =>
+      Effect.gen(function*() {
+        const { dispatchId, executionId } = yield* Execution.Execution
+        const charged = yield* charge({ amount })
+        // the next step's arguments carry the first step's id
+        const sent = yield* notify({ receipt: charged.receipt })
+        const now = yield* Step.now
+        return {
+          order: `${executionId}/${charged.key}`,
+          charged,
+          sent,
+          byKey: { [charged.key]: amount },
+          ...(options?.leak === undefined ? {} : { leak: options.leak() }),
+          now,
+          // the delivery that finished the execution
+          dispatch: dispatchId
+        }
+      })
+  })
+  return { agent, charges }
+}
+
+describe("Explore.crashes: outputs made from execution-specific ids", () => {
+  it.effect("an agent whose output embeds step ids, the execution id and slices of them survives every crash", () => {
+    const billing = makeIdempotentBilling()
+    return Effect.gen(function*() {
+      const report = yield* Explore.crashes(billing.agent, { amount: 12 })
+      const baseline = report.baseline.output as { order: string; charged: { key: string } }
+      expect(baseline.order).toBe(`${report.baseline.executionId}/${baseline.charged.key}`)
+      expect(report.points.every((p) => p.verdict === "same" || p.verdict === "indeterminate")).toBe(true)
+      // the points' outputs are reported as recorded: each run's own ids
+      const other = report.points.find((p) => p.verdict === "same")!
+      expect((other.output as { order: string }).order.startsWith(other.executionId)).toBe(true)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [billing.agent] })))
+  })
+
+  it.effect("an output that really differs after a crash still fails, with the ids mapped out of the message", () => {
+    let runs = 0
+    const billing = makeIdempotentBilling({ leak: () => ++runs > 1 ? 2 : 1 })
+    return Effect.gen(function*() {
+      const error = yield* Effect.flip(Explore.crashes(billing.agent, { amount: 12 }))
+      expect(error._tag).toBe("CrashExplorationError")
+      expect(error.message).toMatch(/^crash before submitStep #0 \(step "charge"\): output differed: /)
+      if (error._tag !== "CrashExplorationError") return
+      // the failing run's ids are shown as the uninterrupted run's: only the leak differs
+      const kernel = yield* TestKernel.TestKernel
+      const calls = yield* kernel.calls()
+      const baselineCharge = calls.find((c) => c.call === "submitStep" && c.target === "charge")!.stepId!
+      const failingCharge = calls.find((c) =>
+        c.executionId === error.executionId && c.call === "submitStep" && c.target === "charge" &&
+        c.stepId !== undefined
+      )!.stepId!
+      expect(error.reason).toMatch(/; differences: \$\.leak: 1 → 2$/)
+      expect(error.reason.split(baselineCharge).length - 1).toBe(2)
+      expect(error.reason).not.toContain(failingCharge.slice(0, 12))
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [billing.agent] })))
+  })
+
+  it.effect("a value the kit cannot map (a hash of the step id) fails until its field is declared in ignore", () => {
+    const token = Tool.make("token", {
+      args: Schema.Struct({ user: Schema.String }),
+      success: Schema.Struct({ token: Schema.String, user: Schema.String }),
+      execute: ({ user }, { stepId }) =>
+        Effect.succeed({ token: createHash("sha256").update(stepId).digest("hex"), user })
+    })
+    const agent = Agent.make({
+      id: "tokens",
+      handler: () =>
+        Effect.gen(function*() {
+          const first = yield* token({ user: "ada" })
+          const second = yield* token({ user: "bob" })
+          return { users: [first, second], count: 2 }
+        })
+    })
+    return Effect.gen(function*() {
+      const strict = yield* Effect.flip(Explore.crashes(agent, {}))
+      expect(strict.message).toMatch(/^crash before submitStep #0 \(step "token"\): output differed: /)
+
+      const report = yield* Explore.crashes(agent, {}, { ignore: ["$.users[*].token"] })
+      expect(report.points).toHaveLength(2 * 4 + 1 + 1)
+      // an ignored field only hides that field: the rest is still compared
+      const narrow = yield* Effect.flip(Explore.crashes(agent, {}, { ignore: ["$.users[0].token"] }))
+      expect(narrow.message).toContain("output differed")
+
+      const bad = yield* Effect.flip(Explore.crashes(agent, {}, { ignore: ["users.token"] }))
+      expect(bad.message).toBe(
+        "the ignore option: \"users.token\" is not a path like $.a.b, $.items[0].id or $.items[*].id"
+      )
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
   })
 })

@@ -1,4 +1,4 @@
-import { describe, expect, it } from "@effect/vitest"
+import { describe, expect, expectTypeOf, it } from "@effect/vitest"
 import { Clock, Effect, Option, Schema } from "effect"
 import { Agent, Client, Step, Subagent, Tool } from "effect-rebuno"
 import type { ToolError } from "effect-rebuno"
@@ -375,7 +375,7 @@ describe("direct and HTTP transports", () => {
         "PolicyError",
         "ok 5",
         "RateLimited",
-        "ToolError",
+        "StepDecodeError",
         "InvalidArguments"
       ])
       expect(direct.crashed.status).toBe("blocked")
@@ -842,4 +842,116 @@ describe("TestKernel: the current stage", () => {
         status: 401
       })
     }).pipe(Effect.provide(TestKernel.layer())))
+})
+
+describe("RunResult: steps in call order, a typed output, no empty failure reason", () => {
+  const letters = ["h", "g", "f", "e", "d", "c", "b", "a"]
+  /** Eight steps one after the other: their ids sort in no particular order. */
+  const makeSpeller = () => {
+    const say = Tool.make("say", {
+      args: Schema.Struct({ letter: Schema.String }),
+      success: Schema.String,
+      execute: ({ letter }) => Effect.succeed(letter)
+    })
+    return Agent.make({
+      id: "speller",
+      output: Schema.Struct({ word: Schema.String }),
+      handler: () => Effect.map(Effect.forEach(letters, (letter) => say({ letter })), (said) => ({ word: said.join("") }))
+    })
+  }
+
+  it.effect("steps come in the order they were first submitted, each with its sequence, the same on every run", () => {
+    const speller = makeSpeller()
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const first = yield* kernel.run(speller)
+      expect(first.steps.map((s) => [s.sequence, s.args])).toEqual(letters.map((letter, i) => [i, { letter }]))
+      // a second execution, and one that crashed mid-run and replayed: the same order
+      const again = yield* kernel.run(speller)
+      const crashed = yield* kernel.run(speller, undefined, { crash: { afterSteps: 3 } })
+      expect(crashed.crashed).toBe(true)
+      for (const run of [again, crashed]) {
+        expect(run.steps.map((s) => [s.sequence, s.target, s.args])).toEqual(
+          first.steps.map((s) => [s.sequence, s.target, s.args])
+        )
+      }
+      // the kernel's own listing stays sorted by step id
+      const listed = yield* kernel.steps(first.executionId)
+      expect(listed.map((s) => s.stepId)).toEqual(first.steps.map((s) => s.stepId).sort())
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [speller] })))
+  })
+
+  it.effect("concurrent steps: the order the kernel saw their first submissions", () => {
+    const wait = Tool.make("wait", {
+      args: Schema.Struct({ ms: Schema.Number }),
+      success: Schema.Number,
+      execute: ({ ms }) => Effect.as(Effect.sleep(ms), ms)
+    })
+    const agent = Agent.make({
+      id: "fan-out",
+      handler: () =>
+        Effect.gen(function*() {
+          // the first three start together; the last one after the slowest
+          yield* Effect.all([wait({ ms: 30 }), wait({ ms: 10 }), wait({ ms: 20 })], { concurrency: "unbounded" })
+          return yield* wait({ ms: 1 })
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(agent)
+      const proposed = run.events.filter((e) => e.type === "step.proposed").map((e) =>
+        (e.payload as { step_id: string }).step_id
+      )
+      expect(run.steps.map((s) => s.stepId)).toEqual(proposed)
+      expect(run.steps.map((s) => s.sequence)).toEqual([0, 1, 2, 3])
+      expect(run.steps[3]!.args).toEqual({ ms: 1 })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+  })
+
+  it.effect("kernel.run types the output by the agent and decodes it with the agent's output Schema", () => {
+    const speller = makeSpeller()
+    // an output Schema whose encoding is not the value: a number sent as a string
+    const counter = Agent.make({
+      id: "counter",
+      output: Schema.Struct({ total: Schema.NumberFromString }),
+      handler: () => Effect.succeed({ total: 42 })
+    })
+    const untyped = Agent.make({ id: "untyped", handler: () => Effect.succeed({ n: 1 }) })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const spelled = yield* kernel.run(speller)
+      expectTypeOf(spelled.output).toEqualTypeOf<{ readonly word: string } | undefined>()
+      expect(spelled.output?.word).toBe(letters.join(""))
+
+      const counted = yield* kernel.run(counter)
+      expectTypeOf(counted.output).toEqualTypeOf<{ readonly total: number } | undefined>()
+      expect(counted.output).toEqual({ total: 42 })
+      // the JSON as recorded
+      expect(counted.execution.output).toEqual({ total: "42" })
+
+      const inferred = yield* kernel.run(untyped)
+      expectTypeOf(inferred.output).toEqualTypeOf<{ n: number } | undefined>()
+      expect(inferred.output).toEqual({ n: 1 })
+
+      // by id: the parsed JSON, unknown
+      const byId = yield* kernel.run("counter")
+      expectTypeOf(byId.output).toEqualTypeOf<unknown>()
+      expect(byId.output).toEqual({ total: "42" })
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [speller, counter, untyped] })))
+  })
+
+  it.effect("failureReason is absent when there is none, present when the execution failed", () => {
+    const speller = makeSpeller()
+    const failing = Agent.make({ id: "failing", handler: () => Effect.fail(new Error("boom")) })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const done = yield* kernel.run(speller)
+      expect(done.status).toBe("completed")
+      expect("failureReason" in done).toBe(false)
+      expect(done.failureReason).toBeUndefined()
+      const failed = yield* kernel.run(failing)
+      expect([failed.status, failed.failureReason]).toEqual(["failed", "agent_error: Error: boom"])
+      expect(failed.output).toBeUndefined()
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [speller, failing] })))
+  })
 })

@@ -8,8 +8,9 @@
  * @since 0.1.0
  * @internal
  */
-import { Clock, Duration, Effect, Fiber, Result, Schedule, Schema } from "effect"
+import { Clock, Context, Duration, Effect, Fiber, Random, Result, Schedule, Schema } from "effect"
 import type { HttpClient, HttpClientError, HttpClientRequest } from "effect/http"
+import { createParser } from "eventsource-parser"
 import { DecodeError, isKernelError, KernelError, StatusError, TransportError } from "../../RebunoError.js"
 
 /**
@@ -256,7 +257,8 @@ export const isTransportFailure = (error: unknown): boolean =>
 
 /**
  * Backoff for the calls PROTOCOL.md 15 declares safe to retry: 100 ms, 200 ms,
- * 400 ms (four tries in all), on Effect's clock.
+ * 400 ms (four tries in all), on Effect's clock. This is the short schedule;
+ * a run's outcome calls retry longer (see {@link CurrentRetryBudget}).
  *
  * @internal
  */
@@ -266,15 +268,72 @@ export const retrySchedule: Schedule.Schedule<unknown> = Schedule.max([
 ])
 
 /**
+ * How long a call keeps retrying transport failures once it has failed: a
+ * capped exponential backoff with jitter (`baseMillis`, doubling, at most
+ * `capMillis`, each delay drawn from 80 %–120 % of its nominal value with the
+ * fiber's `Random`), until `deadline` — the instant after which the run's
+ * lease cannot be valid any more, or the retry budget is spent. The last try
+ * lands at the deadline; a failure after it is the call's error.
+ *
+ * @internal
+ */
+export interface RetryBudget {
+  readonly baseMillis: number
+  readonly capMillis: number
+  /**
+   * The epoch milliseconds (on the fiber's `Clock`) after which no try starts,
+   * for a call whose first try failed at `firstFailureMillis`. Asked again
+   * before every retry, so that a lease renewed meanwhile extends it.
+   */
+  readonly deadline: (firstFailureMillis: number) => number
+}
+
+/**
+ * The retry budget of the calls made in this fiber: `undefined` (the default)
+ * is the short schedule of {@link retrySchedule}; a run provides its lease's
+ * budget around its outcome calls (step complete / fail, execution complete /
+ * fail) and its heartbeat, so that a kernel outage shorter than the lease does
+ * not lose finished work (issue 13). Read only once a try has failed.
+ *
+ * @internal
+ */
+export const CurrentRetryBudget = Context.Reference<RetryBudget | undefined>(
+  "effect-rebuno/internal/http/CurrentRetryBudget",
+  { defaultValue: () => undefined }
+)
+
+/**
+ * The nominal delay before retry `retry` (0-based) of a budget:
+ * `min(cap, base × 2^retry)`.
+ *
+ * @internal
+ */
+export const nominalDelayMillis = (budget: Pick<RetryBudget, "baseMillis" | "capMillis">, retry: number): number =>
+  Math.min(budget.capMillis, budget.baseMillis * 2 ** Math.min(retry, 52))
+
+/** A delay drawn from 80 %–120 % of `millis`, as `Schedule.jittered` draws it. */
+const jitter = (millis: number, random: number): number => millis * 0.8 * (1 - random) + millis * 1.2 * random
+
+/**
  * Retry an effect on transport failures only. With `again`, the first try is
  * `self` and the retries run `again` (for a first try already under way).
+ *
+ * Without a {@link CurrentRetryBudget} in the fiber it retries three times
+ * (100, 200, 400 ms); with one it retries until the budget's deadline.
  *
  * @internal
  */
 export const retryTransport = <A, E, R>(
   self: Effect.Effect<A, E, R>,
   again: Effect.Effect<A, E, R> = self
-): Effect.Effect<A, E, R> => retryFrom(self, again, 0)
+): Effect.Effect<A, E, R> =>
+  Effect.catchIf(self, isTransportFailure, (error) =>
+    Effect.withFiber((fiber) => {
+      const budget = fiber.getRef(CurrentRetryBudget)
+      return budget === undefined
+        ? Effect.andThen(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[0]!)), retryFrom(again, again, 1))
+        : retryWithin(again, budget, fiber.getRef(Clock.Clock).currentTimeMillisUnsafe(), 0, error)
+    }))
 
 /** The delays of {@link retrySchedule}, as plain numbers: nothing is set up until a try fails. */
 const RETRY_DELAYS_MILLIS: ReadonlyArray<number> = [100, 200, 400]
@@ -291,6 +350,46 @@ const retryFrom = <A, E, R>(
       isTransportFailure,
       () => Effect.andThen(Effect.sleep(Duration.millis(RETRY_DELAYS_MILLIS[retry]!)), retryFrom(again, again, retry + 1))
     )
+
+/** The retry after which a budgeted call says, once, that it keeps retrying (the short schedule would have given up). */
+const WARN_AT_RETRY = RETRY_DELAYS_MILLIS.length
+
+/**
+ * Retry `again` after the backoff delay of `retry`, cut short at the budget's
+ * deadline; fail with `error` (the last failure) once the deadline has passed.
+ */
+const retryWithin = <A, E, R>(
+  again: Effect.Effect<A, E, R>,
+  budget: RetryBudget,
+  firstFailure: number,
+  retry: number,
+  error: E
+): Effect.Effect<A, E, R> =>
+  Effect.withFiber((fiber) => {
+    const now = fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()
+    const deadline = budget.deadline(firstFailure)
+    // Whole milliseconds: a sub-millisecond remainder is no time to retry in.
+    const remaining = Math.ceil(deadline - now)
+    if (!(remaining >= 1)) return Effect.fail(error)
+    const drawn = Math.round(jitter(nominalDelayMillis(budget, retry), fiber.getRef(Random.Random).nextDoubleUnsafe()))
+    const delay = Math.min(remaining, Math.max(1, drawn))
+    const next = Effect.andThen(
+      Effect.sleep(Duration.millis(delay)),
+      Effect.catchIf(again, isTransportFailure, (e) => retryWithin(again, budget, firstFailure, retry + 1, e))
+    )
+    return retry === WARN_AT_RETRY
+      ? Effect.andThen(
+        Effect.logWarning(
+          `the kernel is unreachable (${describeError(error)}); retrying until ${
+            new Date(deadline).toISOString()
+          }, while the run's lease can still be valid`
+        ),
+        next
+      )
+      : next
+  })
+
+const describeError = (error: unknown): string => error instanceof Error ? error.message : String(error)
 
 /**
  * `JSON.parse` without throwing.
@@ -341,8 +440,10 @@ export const jsonDecoder = <S extends Schema.ConstraintDecoder<unknown>>(schema:
  * An incremental `text/event-stream` parser: feed it decoded text chunks (split
  * anywhere, including inside a line or between CR and LF) and it returns the
  * `data` of every event completed so far. Lines starting with `:` are
- * comments; fields other than `data` are ignored; an event is dispatched at a
- * blank line when it has data; an unterminated event at the end is dropped.
+ * comments; fields other than `data` are ignored (an event's type does not
+ * filter it out); an event is dispatched at a blank line when it has data; an
+ * unterminated event at the end is dropped. The parsing is `eventsource-parser`'s
+ * (the WHATWG algorithm, a leading BOM stripped); this only collects the data.
  *
  * @internal
  */
@@ -352,64 +453,21 @@ export interface SseParser {
 
 /** @internal */
 export const makeSseParser = (): SseParser => {
-  let pending = ""
-  let data = ""
-  let hasData = false
-  let skipLf = false
-  let first = true
-
-  const line = (text: string, out: Array<string>): void => {
-    if (text === "") {
-      if (hasData) out.push(data)
-      data = ""
-      hasData = false
-      return
+  let out: Array<string> = []
+  const parser = createParser({
+    onEvent: (event) => {
+      out.push(event.data)
     }
-    if (text.charCodeAt(0) === 0x3a /* : */) return
-    const colon = text.indexOf(":")
-    const field = colon === -1 ? text : text.slice(0, colon)
-    if (field !== "data") return
-    let value = colon === -1 ? "" : text.slice(colon + 1)
-    if (value.charCodeAt(0) === 0x20) value = value.slice(1)
-    data = hasData ? data + "\n" + value : value
-    hasData = true
-  }
-
+  })
   return {
     feed: (chunk) => {
-      const out: Array<string> = []
-      let text = chunk
-      if (first && text.length > 0) {
-        first = false
-        if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
-      }
-      let start = 0
-      for (let i = 0; i < text.length; i++) {
-        const c = text.charCodeAt(i)
-        if (c === 0x0a) {
-          if (skipLf && i === start && pending === "") {
-            skipLf = false
-            start = i + 1
-            continue
-          }
-          line(pending + text.slice(start, i), out)
-          pending = ""
-          skipLf = false
-          start = i + 1
-        } else if (c === 0x0d) {
-          line(pending + text.slice(start, i), out)
-          pending = ""
-          skipLf = true
-          start = i + 1
-        } else {
-          skipLf = false
-        }
-      }
-      if (start < text.length) {
-        pending += text.slice(start)
-        skipLf = false
-      }
-      return out
+      parser.feed(chunk)
+      if (out.length === 0) return EMPTY
+      const events = out
+      out = []
+      return events
     }
   }
 }
+
+const EMPTY: ReadonlyArray<string> = []

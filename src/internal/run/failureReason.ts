@@ -47,6 +47,47 @@ export const nameOf = (u: unknown): string => {
   return "Error"
 }
 
+/**
+ * The error object recorded for a step body's failure that is not a declared
+ * typed failure (PROTOCOL.md 14.4: `{"message": …}`). A tagged error keeps its
+ * tag: `{"message":"<Tag>: <detail>","_tag":"<Tag>"}`, where the detail is its
+ * message, or — for a tagged error without one, such as a
+ * `Schema.TaggedError` with only data fields — the JSON of its other fields.
+ * The tag leads the message so that a replay (which raises
+ * `<target>: <message>`, in any SDK) says the same as the first run.
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const stepErrorRecord = (u: unknown): { readonly message: string; readonly _tag?: string } => {
+  const tag = tagOf(u)
+  if (tag === undefined) return { message: messageOf(u) }
+  const detail = detailOf(u as object)
+  return { message: detail === "" || detail === tag ? tag : `${tag}: ${detail}`, _tag: tag }
+}
+
+/** The `_tag` of a tagged error (a non-empty string), else `undefined`. */
+const tagOf = (u: unknown): string | undefined => {
+  if (typeof u !== "object" || u === null) return undefined
+  const tag = (u as { readonly _tag?: unknown })._tag
+  return typeof tag === "string" && tag !== "" ? tag : undefined
+}
+
+/** A tagged error's message, else the JSON of its fields without `_tag` (`""` when it has none). */
+const detailOf = (u: object): string => {
+  const message = (u as { readonly message?: unknown }).message
+  if (typeof message === "string" && message !== "") return message
+  const fields: Record<string, unknown> = {}
+  let any = false
+  for (const [key, value] of Object.entries(u)) {
+    if (key === "_tag" || key === "message" || key === "stack" || typeof value === "function") continue
+    fields[key] = value
+    any = true
+  }
+  return any ? safeJson(fields) : ""
+}
+
 const safeJson = (u: unknown): string => {
   try {
     const text = JSON.stringify(u)

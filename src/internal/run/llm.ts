@@ -34,6 +34,7 @@ import { stringifyStrict } from "../wire/json.js"
 import { answerFor, refusalAnswer, registerRefusalResponse } from "./llmRefusal.js"
 import { blockedBy } from "./run.js"
 import type { Refusal, RefusalAnswer } from "./llmRefusal.js"
+import * as ReplayLog from "./replayLog.js"
 import { teeStream } from "./llmStream.js"
 import type { TeeHooks } from "./llmStream.js"
 
@@ -290,6 +291,7 @@ const messageOf = (u: unknown): string => {
 const decide = (call: Call, decision: Protocol.StepDecision): Effect.Effect<Admission, SubmitFailure> => {
   const { execution, target } = call
   const stepId = decision.stepId
+  ReplayLog.decided(execution.kernel, decision.decision)
   switch (decision.decision) {
     case "proceed":
       return stepId === undefined

@@ -8,7 +8,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Cause, Context, Effect, Formatter, identity, Option, Result, Schema, SchemaIssue } from "effect"
+import { Cause, Context, Duration, Effect, Formatter, identity, Option, Pull, Result, Schedule, Schema, SchemaIssue } from "effect"
 import type { SchemaAST } from "effect"
 import { Execution } from "../../Execution.js"
 import type * as Protocol from "../../Protocol.js"
@@ -27,14 +27,17 @@ import {
   ToolError
 } from "../../RebunoError.js"
 import type { RunSignal } from "../../RebunoError.js"
-import type { KernelClient, StepSubmission } from "../../KernelClient.js"
+import type { CheckpointRecords, KernelClient, StepSubmission } from "../../KernelClient.js"
 import * as Codec from "../wire/codec.js"
 import * as InProcess from "./inProcess.js"
 import * as Tracing from "../http/tracing.js"
 import { stringifyStrict } from "../wire/json.js"
-import { decodeRefusal, describeRecordedError, messageOf } from "./failureReason.js"
-import type { StepFailureRecord } from "./runtime.js"
+import { decodeRefusal, describeRecordedError, messageOf, stepErrorRecord } from "./failureReason.js"
+import { withinLease } from "./runtime.js"
+import type { LeaseClock, StepFailureRecord } from "./runtime.js"
 import { isTransportFailure } from "../http/exchange.js"
+import * as Resources from "./resources.js"
+import * as ReplayLog from "./replayLog.js"
 import * as Suspension from "./suspension.js"
 
 /**
@@ -88,7 +91,12 @@ export type StepError =
  * @internal
  */
 export type Admission =
-  | { readonly _tag: "Proceed"; readonly stepId: string }
+  | {
+    readonly _tag: "Proceed"
+    readonly stepId: string
+    /** The resources to capture after the body (PROTOCOL-CURRENT C.6.4); absent when none is due. */
+    readonly due?: ReadonlyArray<Protocol.StepResource> | undefined
+  }
   | {
     readonly _tag: "Replay"
     readonly stepId: string
@@ -110,6 +118,8 @@ export interface Submission {
   readonly target: string
   readonly args: unknown
   readonly idempotency: Idempotency
+  /** The keys of the resources the body may change (PROTOCOL-CURRENT C.6.4). */
+  readonly resources?: ReadonlyArray<string> | undefined
 }
 
 const unexpected = (decision: string) =>
@@ -146,12 +156,10 @@ const prepare = (submission: Submission): StepSubmission | InvalidArguments => {
   if (args._tag === "Invalid") {
     return new InvalidArguments({ target: submission.target, path: args.path, reason: args.reason })
   }
-  return {
-    kind: submission.kind,
-    target: submission.target,
-    argsJson: args.json,
-    idempotency: submission.idempotency
-  }
+  const resources = submission.resources
+  return resources === undefined || resources.length === 0
+    ? { kind: submission.kind, target: submission.target, argsJson: args.json, idempotency: submission.idempotency }
+    : { kind: submission.kind, target: submission.target, argsJson: args.json, idempotency: submission.idempotency, resources }
 }
 
 /**
@@ -199,7 +207,7 @@ export const submit = (
   )
 }
 
-/** The admission a submit call ends in. */
+/** The admission a submit call ends in; an answered submit renewed the lease (PROTOCOL.md 5.7). */
 const submitted = (
   execution: Execution.Service,
   target: string,
@@ -207,8 +215,24 @@ const submitted = (
 ): Effect.Effect<Admission, StepError> =>
   Effect.matchEffect(call, {
     onFailure: (e) => submitFailed(execution, target, e),
-    onSuccess: (decision) => admit(execution, target, decision)
+    onSuccess: (decision) => {
+      const lease = leaseOf(execution)
+      return lease === undefined
+        ? admit(execution, target, decision)
+        : Effect.withFiber((fiber) => {
+          renewedBy(lease, decision, InProcess.nowOf(fiber))
+          return admit(execution, target, decision)
+        })
+    }
   })
+
+/** The run's lease clock, when its kernel client is the run's own (see `runtime.ts`). */
+const leaseOf = (execution: Execution.Service): LeaseClock | undefined => execution.kernel.unguarded?.lease
+
+/** A submit answered at `now` renewed the lease, unless the execution was terminal (no lease check, 7.3 step 5). */
+const renewedBy = (lease: LeaseClock, decision: Protocol.StepDecision, now: number): void => {
+  if (decision.decision !== "execution_terminal") lease.renewed(now)
+}
 
 /**
  * Map a submit decision to an admission or a typed error (table 7.2).
@@ -226,17 +250,26 @@ export const admit = (
   return Effect.isEffect(admitted) ? admitted : Effect.succeed(admitted)
 }
 
+/** A `proceed` that touched resources: the due ones are captured after the body (C.6.4, C.6.5). */
+const proceedWith = (stepId: string, resources: ReadonlyArray<Protocol.StepResource>): Admission => {
+  const due = resources.filter((r) => r.due)
+  return due.length === 0 ? { _tag: "Proceed", stepId } : { _tag: "Proceed", stepId, due }
+}
+
 /** {@link admit}, with the admission as a plain value. */
 const admission = (
   execution: Execution.Service,
   target: string,
   decision: Protocol.StepDecision
 ): Admission | Effect.Effect<never, StepError> => {
+  ReplayLog.decided(execution.kernel, decision.decision)
   switch (decision.decision) {
     case "proceed":
       return decision.stepId === undefined ?
         Effect.fail(new KernelError({ reason: new DecodeError({ description: "proceed decision without step_id" }) })) :
-        { _tag: "Proceed", stepId: decision.stepId }
+        decision.resources === undefined ?
+        { _tag: "Proceed", stepId: decision.stepId } :
+        proceedWith(decision.stepId, decision.resources)
     case "replay":
       return {
         _tag: "Replay",
@@ -305,8 +338,9 @@ const callKernel = <A, E>(
 }
 
 /**
- * `POST …/complete`, then succeed with `value`. Transport failures left after
- * the client's retries abandon the run (15.1).
+ * `POST …/complete`, then succeed with `value`. Transport failures are retried
+ * while the run's lease can still be valid; one left after that abandons the
+ * run (15.1).
  *
  * @since 0.1.0
  * @category internal
@@ -316,8 +350,22 @@ export const complete = <A>(
   execution: Execution.Service,
   stepId: string,
   resultJson: string,
-  value: A
+  value: A,
+  capturing?: Effect.Effect<CheckpointRecords> | undefined
 ): Effect.Effect<A, LeaseSuperseded | Terminated | KernelError | Abandoned> => {
+  if (capturing !== undefined) {
+    // PROTOCOL-CURRENT C.6.5: the captures of the due resources go with the outcome.
+    return Effect.flatMap(capturing, (records) =>
+      completed(
+        execution,
+        withinLease(
+          leaseOf(execution),
+          callKernel(execution, (kernel) =>
+            kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson, records))
+        ),
+        value
+      ))
+  }
   const inProcess = inProcessSteps(execution)
   if (inProcess !== undefined) {
     return Effect.withFiber((fiber) => {
@@ -330,7 +378,7 @@ export const complete = <A>(
           stepId,
           resultJson
         )
-      if (!Result.isResult(answer)) return completed(execution, answer, value)
+      if (!Result.isResult(answer)) return completed(execution, withinLease(inProcess.lease, answer), value)
       return Result.isFailure(answer)
         ? completeFailed(execution, answer.failure)
         : (settled(execution, answer.success) ?? Effect.succeed(value))
@@ -338,7 +386,10 @@ export const complete = <A>(
   }
   return completed(
     execution,
-    callKernel(execution, (kernel) => kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson)),
+    withinLease(
+      leaseOf(execution),
+      callKernel(execution, (kernel) => kernel.completeStep(execution.caller, execution.executionId, stepId, resultJson))
+    ),
     value
   )
 }
@@ -366,18 +417,23 @@ const completeFailed = (
 /** The run's in-process step calls, when its kernel client has them (see `inProcess.ts`). */
 const inProcessSteps = (
   execution: Execution.Service
-): { readonly isStopped: () => boolean; readonly steps: InProcess.InProcessSteps } | undefined => {
+): {
+  readonly isStopped: () => boolean
+  readonly steps: InProcess.InProcessSteps
+  readonly lease: LeaseClock | undefined
+} | undefined => {
   const direct = execution.kernel.unguarded
   if (direct === undefined) return undefined
   const steps = InProcess.stepsOf(direct.kernel)
-  return steps === undefined ? undefined : { isStopped: direct.isStopped, steps }
+  return steps === undefined ? undefined : { isStopped: direct.isStopped, steps, lease: direct.lease }
 }
 
 /**
  * `POST …/fail` with the error object. Error answers are swallowed (14.4),
  * except the run signals (LeaseSuperseded, Terminated); a transport failure that
- * outlived the client's retries abandons the run (15.1), because carrying on
- * would leave the step `executing` with no outcome ever recorded.
+ * outlived the retries (made while the lease can be valid) abandons the run
+ * (15.1), because carrying on would leave the step `executing` with no outcome
+ * ever recorded.
  *
  * @since 0.1.0
  * @category internal
@@ -386,9 +442,15 @@ const inProcessSteps = (
 export const fail = (
   execution: Execution.Service,
   stepId: string,
-  error: StepFailureRecord
+  error: StepFailureRecord,
+  capturing?: Effect.Effect<CheckpointRecords> | undefined
 ): Effect.Effect<void, LeaseSuperseded | Terminated | Abandoned> =>
-  execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error).pipe(
+  (capturing === undefined
+    ? execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error)
+    : Effect.flatMap(
+      capturing,
+      (records) => execution.kernel.failStepWith(execution.caller, execution.executionId, stepId, error, records)
+    )).pipe(
     Effect.flatMap((decision) => settled(execution, decision) ?? Effect.void),
     Effect.catchTag("KernelError", (e) =>
       isTransportFailure(e)
@@ -529,6 +591,21 @@ export interface StepOptions<A, E, R, I, RS, F, FI, RF> {
   readonly idempotency?: Idempotency | undefined
   readonly success?: Schema.Codec<A, I, RS, RS> | undefined
   readonly failure?: Schema.Codec<F, FI, RF, RF> | undefined
+  /**
+   * The resources the body may change (PROTOCOL-CURRENT C.6.4): declared
+   * resources or their keys.
+   *
+   * @since 0.2.0
+   */
+  readonly resources?: ReadonlyArray<{ readonly key: string } | string> | undefined
+  /**
+   * Retry a failed body on this schedule (see {@link retrying}): each attempt
+   * is its own step, the decision to retry is recorded with the failure, and a
+   * replay follows the recorded attempts without sleeping through the backoff.
+   *
+   * @since 0.2.0
+   */
+  readonly retry?: Schedule.Schedule<unknown, ToolError | F> | undefined
   readonly body: (context: StepContext) => Effect.Effect<A, E, R>
 }
 
@@ -566,9 +643,21 @@ export const runStepIn = <A, E, R, I, RS, F, FI, RF>(
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
   const suspension = execution.suspension
-  if (suspension === undefined || !Suspension.isEnabled()) return runStep(execution, options)
-  return inFlight(suspension, runStep(execution, options))
+  const step = suspension === undefined || !Suspension.isEnabled()
+    ? runSteps(execution, options)
+    : inFlight(suspension, runSteps(execution, options))
+  // Tool calls and local steps run one at a time while the run has resources (C.6.8 #4); a step
+  // waiting for its turn is not in flight yet, so that a subagent's suspension does not wait for it.
+  return Resources.isEnabled() && options.kind !== "llm_call" ? Resources.exclusive(step) : step
 }
+
+/** The keys of a step's declared resources, `undefined` when it declares none. */
+const resourceKeys = (
+  resources: ReadonlyArray<{ readonly key: string } | string> | undefined
+): ReadonlyArray<string> | undefined =>
+  resources === undefined || resources.length === 0
+    ? undefined
+    : resources.map((r) => typeof r === "string" ? r : r.key)
 
 /**
  * Count `step` as in flight for the run's suspension (PROTOCOL-CURRENT C.5.4
@@ -589,15 +678,108 @@ export const inFlight = <A, E, R>(
     return Effect.onExit(step, () => suspension.exit)
   })
 
+/** The step, or its attempts when it has a `retry` schedule. */
+const runSteps = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>
+): Effect.Effect<A, StepError | F, R | RS | RF> =>
+  options.retry === undefined ? runStep(execution, options) : retrying(execution, options, options.retry)
+
+/**
+ * The attempt a step runs as, under a `retry` schedule: its number (from 1),
+ * the schedule's decision for a live failure (the epoch milliseconds of the
+ * retry, or `undefined` to give up), and the schedule's bookkeeping for a
+ * replayed failure that was retried.
+ */
+interface Attempts {
+  readonly attempt: number
+  readonly decide: (error: unknown) => Effect.Effect<number | undefined>
+  readonly replayed: (error: unknown) => Effect.Effect<void>
+}
+
+const AttemptsKey: unique symbol = Symbol.for("effect-rebuno/internal/run/Attempts")
+
+const attemptsOf = (options: object): Attempts | undefined =>
+  (options as { readonly [AttemptsKey]?: Attempts })[AttemptsKey]
+
+/** The options of one attempt. */
+const withAttempts = <O extends object>(options: O, attempts: Attempts): O =>
+  ({ ...options, [AttemptsKey]: attempts }) as O
+
+/** A failed attempt that is retried at `at` (epoch milliseconds): never leaves {@link retrying}. */
+class RetryAt {
+  constructor(readonly at: number) {}
+}
+
+/**
+ * A recorded failure raised on replay — unless it was retried (its record has
+ * `retry_at_ms`): then the schedule is told, and the next attempt follows.
+ */
+const replayedFailure = <E>(options: object, recorded: unknown, error: E): Effect.Effect<never, E> => {
+  const attempts = attemptsOf(options)
+  const at = attempts === undefined || typeof recorded !== "object" || recorded === null
+    ? undefined
+    : (recorded as { readonly retry_at_ms?: unknown }).retry_at_ms
+  if (attempts === undefined || typeof at !== "number") return Effect.fail(error)
+  return Effect.andThen(attempts.replayed(error), Effect.fail(new RetryAt(at) as unknown as E))
+}
+
+/**
+ * A step with a `retry` schedule: every attempt is a step of its own, with
+ * the same kind, target and arguments — the kernel numbers them as it numbers
+ * identical calls (PROTOCOL.md 8.4), so a replay meets them in the same order —
+ * and a failed attempt records its number and, when the schedule retries it,
+ * the epoch milliseconds of the retry (`{"message":…,"attempt":1,"retry_at_ms":…}`).
+ * The recorded decision is what a replay follows: it does not ask the schedule
+ * again (a time-based schedule could decide otherwise) and sleeps only until a
+ * recorded retry time that has not passed yet — a replay long after the first
+ * run does not sleep at all. Errors other than a failure of the body (denials,
+ * signals, a result that is not JSON) end the attempts at once.
+ */
+const retrying = <A, E, R, I, RS, F, FI, RF>(
+  execution: Execution.Service,
+  options: StepOptions<A, E, R, I, RS, F, FI, RF>,
+  schedule: Schedule.Schedule<unknown, ToolError | F>
+): Effect.Effect<A, StepError | F, R | RS | RF> =>
+  Effect.flatMap(Schedule.toStep(schedule), (step) => {
+    const decide = (error: unknown): Effect.Effect<number | undefined> =>
+      Effect.withFiber((fiber) => {
+        const now = InProcess.nowOf(fiber)
+        return Pull.matchEffect(step(now, error as ToolError | F), {
+          onSuccess: ([, delay]) => Effect.succeed(now + Math.max(0, Math.ceil(Duration.toMillis(delay)))),
+          onFailure: () => Effect.succeed(undefined),
+          onDone: () => Effect.succeed(undefined)
+        })
+      })
+    const replayed = (error: unknown): Effect.Effect<void> =>
+      Effect.withFiber((fiber) => Effect.ignore(step(InProcess.nowOf(fiber), error as ToolError | F)))
+    const attempt = (n: number): Effect.Effect<A, StepError | F, R | RS | RF> =>
+      Effect.catch(
+        runStep(execution, withAttempts(options, { attempt: n, decide, replayed })),
+        (e): Effect.Effect<A, StepError | F, R | RS | RF> =>
+          e instanceof RetryAt ? Effect.andThen(sleepUntil(e.at), attempt(n + 1)) : Effect.fail(e)
+      )
+    return attempt(1)
+  })
+
+/** Sleep until `at` (epoch milliseconds on the fiber's Clock); not at all when it has passed. */
+const sleepUntil = (at: number): Effect.Effect<void> =>
+  Effect.withFiber((fiber) => {
+    const remaining = at - InProcess.nowOf(fiber)
+    return remaining > 0 ? Effect.sleep(Duration.millis(remaining)) : Effect.void
+  })
+
 const runStep = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
+  const resources = resourceKeys(options.resources)
   const submission: Submission = {
     kind: options.kind,
     target: options.target,
     args: options.args === undefined ? {} : options.args,
-    idempotency: options.idempotency ?? "safe_to_retry"
+    idempotency: options.idempotency ?? "safe_to_retry",
+    ...(resources === undefined ? {} : { resources })
   }
   const inProcess = inProcessSteps(execution)
   if (inProcess === undefined) {
@@ -607,9 +789,10 @@ const runStep = <A, E, R, I, RS, F, FI, RF>(
   const prepared = prepare(submission)
   if (prepared instanceof InvalidArguments) return Effect.fail(prepared)
   return Effect.withFiber((fiber) => {
+    const now = InProcess.nowOf(fiber)
     const answer = inProcess.isStopped()
       ? Result.fail(new LeaseSuperseded())
-      : inProcess.steps.submitStep(InProcess.nowOf(fiber), execution.caller, execution.executionId, prepared)
+      : inProcess.steps.submitStep(now, execution.caller, execution.executionId, prepared)
     if (!Result.isResult(answer)) {
       return Effect.flatMap(
         submitted(execution, submission.target, answer),
@@ -617,6 +800,7 @@ const runStep = <A, E, R, I, RS, F, FI, RF>(
       )
     }
     if (Result.isFailure(answer)) return submitFailed(execution, submission.target, answer.failure)
+    if (inProcess.lease !== undefined) renewedBy(inProcess.lease, answer.success, now)
     const admitted = admission(execution, submission.target, answer.success)
     return Effect.isEffect(admitted) ? admitted : proceedOrReplay(execution, options, submission, admitted)
   })
@@ -630,16 +814,24 @@ const proceedOrReplay = <A, E, R, I, RS, F, FI, RF>(
   admission: Admission
 ): Effect.Effect<A, StepError | F, R | RS | RF> => {
   if (admission._tag === "Replay") return replay(options, admission)
-  const { stepId } = admission
-  return Effect.matchCauseEffect(
-    Effect.suspend(() =>
-      options.body({ stepId, kind: options.kind, target: options.target, idempotency: submission.idempotency })
-    ).pipe(Suspension.isEnabled() ? Effect.provideService(Suspension.InStepBody, true) : identity),
-    {
+  const { due, stepId } = admission
+  const body = Effect.suspend(() =>
+    options.body({ stepId, kind: options.kind, target: options.target, idempotency: submission.idempotency })
+  ).pipe(Suspension.isEnabled() ? Effect.provideService(Suspension.InStepBody, true) : identity)
+  if (due === undefined) {
+    return Effect.matchCauseEffect(body, {
       onFailure: (cause) => bodyFailed(execution, options, stepId, cause),
       onSuccess: (value) => record(execution, options, stepId, value)
-    }
-  )
+    })
+  }
+  // Due resources are captured after the body, and the captures go with its outcome (C.6.8 #5).
+  return Effect.withFiber((fiber) => {
+    const capturing = Resources.capture(fiber.getRef(Resources.CurrentResources)?.byKey, due)
+    return Effect.matchCauseEffect(body, {
+      onFailure: (cause) => bodyFailed(execution, options, stepId, cause, capturing),
+      onSuccess: (value) => record(execution, options, stepId, value, capturing)
+    })
+  })
 }
 
 /** Schema failures name the offending value, as Effect 3's messages did (they are recorded as step errors). */
@@ -650,15 +842,17 @@ const record = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>,
   stepId: string,
-  value: A
+  value: A,
+  capturing?: Effect.Effect<CheckpointRecords>
 ): Effect.Effect<A, StepError, RS> => {
   const schema = options.success
-  if (schema === undefined) return recordEncoded(execution, options.target, stepId, value, value)
+  if (schema === undefined) return recordEncoded(execution, options.target, stepId, value, value, capturing)
   const quick = Codec.encodeSync(schema, value)
-  if (quick !== undefined) return recordEncoded(execution, options.target, stepId, quick.value, value)
+  if (quick !== undefined) return recordEncoded(execution, options.target, stepId, quick.value, value, capturing)
   return Effect.matchEffect(Schema.encodeEffect(schema)(value, reportInput), {
-    onFailure: (error) => recordFailure(execution, options.target, stepId, `result does not encode: ${error.message}`),
-    onSuccess: (output) => recordEncoded(execution, options.target, stepId, output, value)
+    onFailure: (error) =>
+      recordFailure(execution, options.target, stepId, `result does not encode: ${error.message}`, capturing),
+    onSuccess: (output) => recordEncoded(execution, options.target, stepId, output, value, capturing)
   })
 }
 
@@ -667,12 +861,19 @@ const recordEncoded = <A>(
   target: string,
   stepId: string,
   output: unknown,
-  value: A
+  value: A,
+  capturing: Effect.Effect<CheckpointRecords> | undefined
 ): Effect.Effect<A, StepError> => {
   const checked = stringifyStrict(output === undefined ? null : output)
+  // A result that is not JSON is a bug in the agent, not a failure of the body, which
+  // succeeded: raise it as what it is and record nothing (the step stays `executing`:
+  // a re-run runs a `safe_to_retry` body again and reports an `at_most_once` one as
+  // indeterminate, which is the truth).
   return checked._tag === "Ok"
-    ? complete(execution, stepId, checked.json, value)
-    : recordFailure(execution, target, stepId, `result is not JSON at ${checked.path}: ${checked.reason}`)
+    ? complete(execution, stepId, checked.json, value, capturing)
+    : Effect.fail(
+      new StepDecodeError({ target, stepId, description: `result is not JSON at ${checked.path}: ${checked.reason}` })
+    )
 }
 
 /**
@@ -686,11 +887,12 @@ export const recordFailure = (
   execution: Execution.Service,
   target: string,
   stepId: string,
-  message: string
+  message: string,
+  capturing?: Effect.Effect<CheckpointRecords> | undefined
 ): Effect.Effect<never, ToolError | LeaseSuperseded | Terminated | Abandoned> => {
   const error = { message }
   return Effect.andThen(
-    fail(execution, stepId, error),
+    fail(execution, stepId, error, capturing),
     Effect.fail(new ToolError({ toolId: target, stepId, error, retryable: false, text: `${target}: ${message}` }))
   )
 }
@@ -699,7 +901,8 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
   execution: Execution.Service,
   options: StepOptions<A, E, R, I, RS, F, FI, RF>,
   stepId: string,
-  cause: Cause.Cause<E>
+  cause: Cause.Cause<E>,
+  capturing?: Effect.Effect<CheckpointRecords>
 ): Effect.Effect<never, StepError | F, RF> => {
   if (Cause.hasInterruptsOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
   const failure = Cause.findErrorOption(cause)
@@ -709,21 +912,60 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
   if (refusal !== undefined) {
     return isRunSignal(refusal) ? signal(execution, refusal) : Effect.fail(refusal)
   }
-  const message = messageOf(error)
+  const attempts = attemptsOf(options)
   const schema = options.failure
   if (Option.isSome(failure) && schema !== undefined && Schema.is(schema)(error)) {
     const typed: F = error
+    const message = messageOf(error)
     return Effect.matchEffect(Schema.encodeEffect(schema)(typed), {
-      onFailure: (): Effect.Effect<never, StepError | F> => recordFailure(execution, options.target, stepId, message),
+      onFailure: (): Effect.Effect<never, StepError | F> =>
+        failedAttempt(execution, options.target, stepId, { message }, attempts, undefined, capturing),
       onSuccess: (output): Effect.Effect<never, StepError | F> => {
         const record = { message, failure: output }
         return stringifyStrict(record)._tag === "Ok" ?
-          Effect.andThen(fail(execution, stepId, record), Effect.fail(typed)) :
-          recordFailure(execution, options.target, stepId, message)
+          failedAttempt(execution, options.target, stepId, record, attempts, { typed }, capturing) :
+          failedAttempt(execution, options.target, stepId, { message }, attempts, undefined, capturing)
       }
     })
   }
-  return recordFailure(execution, options.target, stepId, message)
+  // An undeclared failure keeps its tag (`{"message":"<Tag>: …","_tag":"<Tag>"}`).
+  return failedAttempt(execution, options.target, stepId, stepErrorRecord(error), attempts, undefined, capturing)
+}
+
+/** The ToolError raised for a recorded error object (now, or on replay: the same text). */
+const toolErrorOf = (target: string, stepId: string, error: StepFailureRecord): ToolError =>
+  new ToolError({ toolId: target, stepId, error, retryable: false, text: `${target}: ${error.message}` })
+
+/**
+ * Record a failed body and raise its error (`typed`, else a ToolError) — or,
+ * for a step with a `retry` schedule that retries it, record the failure with
+ * its attempt number and the time of the retry (`retry_at_ms`) and fail with
+ * {@link RetryAt}, which {@link retrying} turns into the next attempt.
+ */
+const failedAttempt = <F>(
+  execution: Execution.Service,
+  target: string,
+  stepId: string,
+  record: StepFailureRecord,
+  attempts: Attempts | undefined,
+  failure: { readonly typed: F } | undefined,
+  capturing: Effect.Effect<CheckpointRecords> | undefined
+): Effect.Effect<never, StepError | F> => {
+  if (attempts === undefined) {
+    return Effect.andThen(
+      fail(execution, stepId, record, capturing),
+      Effect.fail(failure === undefined ? toolErrorOf(target, stepId, record) : failure.typed)
+    )
+  }
+  const numbered: StepFailureRecord = { ...record, attempt: attempts.attempt }
+  const raised: ToolError | F = failure === undefined ? toolErrorOf(target, stepId, numbered) : failure.typed
+  return Effect.flatMap(attempts.decide(raised), (at): Effect.Effect<never, StepError | F> =>
+    at === undefined
+      ? Effect.andThen(fail(execution, stepId, numbered, capturing), Effect.fail(raised))
+      : Effect.andThen(
+        fail(execution, stepId, { ...numbered, retry_at_ms: at }, capturing),
+        Effect.fail(new RetryAt(at) as unknown as StepError)
+      ))
 }
 
 const replay = <A, E, R, I, RS, F, FI, RF>(
@@ -741,10 +983,12 @@ const replay = <A, E, R, I, RS, F, FI, RF>(
     ) {
       return Schema.decodeUnknownEffect(schema)((recorded as { readonly failure: unknown }).failure, reportInput).pipe(
         Effect.mapError((e) => decodeError(`recorded failure does not decode: ${e.message}`)),
-        Effect.flatMap((typed) => Effect.fail(typed))
+        Effect.flatMap((typed) => replayedFailure(options, recorded, typed))
       )
     }
-    return Effect.fail(
+    return replayedFailure(
+      options,
+      recorded,
       new ToolError({
         toolId: options.target,
         stepId,

@@ -2,17 +2,21 @@
  * Per-run state shared by the dispatch runtime, `Execution` and `Step`: the
  * run-scoped kernel client (which refuses every call once the run has stopped,
  * PROTOCOL.md 14.1), the suspension backstop (the first run signal raised
- * anywhere in the run, 14.3) and the stop switch that interrupts the run when
- * its lease is lost or it is abandoned.
+ * anywhere in the run, 14.3), the stop switch that interrupts the run when
+ * its lease is lost or it is abandoned, and the lease clock that bounds the
+ * retries of the run's outcome calls and heartbeat (issue 13).
  *
  * @since 0.1.0
  * @internal
  */
-import { Deferred, Effect, Option, Ref } from "effect"
+import { Clock, Deferred, Duration, Effect, Option, Ref } from "effect"
 import type { Fiber } from "effect"
-import type { Caller, KernelClient } from "../../KernelClient.js"
+import { OutcomeRetry } from "../../KernelClient.js"
+import type { Caller, CheckpointRecords, KernelClient, OutcomeRetrySettings } from "../../KernelClient.js"
 import type * as Protocol from "../../Protocol.js"
 import { Abandoned, LeaseSuperseded, Terminated } from "../../RebunoError.js"
+import { CurrentRetryBudget } from "../http/exchange.js"
+import type { RetryBudget } from "../http/exchange.js"
 import { stringifyStrict } from "../wire/json.js"
 import * as Suspension from "./suspension.js"
 import type { KernelError, RunSignal } from "../../RebunoError.js"
@@ -49,7 +53,8 @@ export interface RunClient extends Omit<KernelClient.Service, "getExecution" | "
     caller: Caller,
     executionId: string,
     stepId: string,
-    error: StepFailureRecord
+    error: StepFailureRecord,
+    records?: CheckpointRecords | undefined
   ) => Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated>
   /**
    * The step path's way around the guard: whether the run has stopped, and the
@@ -61,8 +66,87 @@ export interface RunClient extends Omit<KernelClient.Service, "getExecution" | "
   readonly unguarded?: {
     readonly isStopped: () => boolean
     readonly kernel: KernelClient.Service
+    /** The run's lease: a submit renews it; a step outcome retries within its budget. */
+    readonly lease?: LeaseClock | undefined
   } | undefined
 }
+
+/**
+ * What a run knows of its lease (PROTOCOL.md 5.7): its timeout and the latest
+ * instant it may have been renewed at — the delivery, then every answered
+ * submit and heartbeat (RENEW calls). It cannot be valid after
+ * `renewedAt() + timeoutMillis`; the retry budget of the run's outcome calls
+ * and heartbeat ends there (issue 13).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export interface LeaseClock {
+  readonly timeoutMillis: number
+  /** Epoch milliseconds, on the run's `Clock`. */
+  readonly renewedAt: () => number
+  /** Record a renewal answered at `nowMillis`. */
+  readonly renewed: (nowMillis: number) => void
+  /** The retry budget of the run's outcome calls. */
+  readonly budget: RetryBudget
+}
+
+/**
+ * The lease timeout assumed when the webhook does not tell it (v0.14.0
+ * kernels): the kernel's default, 120 s (PROTOCOL.md 5.7).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const defaultLeaseTimeoutMillis = 120_000
+
+const millisOf = (input: Duration.Input): number => Duration.toMillis(Duration.fromInputUnsafe(input))
+
+/**
+ * A run's lease clock, renewed now (at delivery).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const makeLeaseClock = (
+  nowMillis: number,
+  leaseTimeoutSeconds: number | undefined,
+  settings: OutcomeRetrySettings
+): LeaseClock => {
+  const timeoutMillis = leaseTimeoutSeconds !== undefined && leaseTimeoutSeconds > 0
+    ? leaseTimeoutSeconds * 1_000
+    : defaultLeaseTimeoutMillis
+  const baseMillis = Math.max(1, millisOf(settings.baseDelay))
+  const capMillis = Math.max(baseMillis, millisOf(settings.maxDelay))
+  const maxElapsedMillis = settings.maxElapsed === undefined ? timeoutMillis : Math.max(0, millisOf(settings.maxElapsed))
+  let renewedAt = nowMillis
+  return {
+    timeoutMillis,
+    renewedAt: () => renewedAt,
+    renewed: (now) => {
+      if (now > renewedAt) renewedAt = now
+    },
+    budget: {
+      baseMillis,
+      capMillis,
+      deadline: (firstFailure) => Math.min(renewedAt + timeoutMillis, firstFailure + maxElapsedMillis)
+    }
+  }
+}
+
+/**
+ * Run `call` within the lease's retry budget: its transport failures are
+ * retried while the lease can still be valid (see `retryTransport`).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const withinLease = <A, E, R>(lease: LeaseClock | undefined, call: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  lease === undefined ? call : Effect.provideService(call, CurrentRetryBudget, lease.budget)
 
 /**
  * The error object recorded for a failed step.
@@ -74,6 +158,12 @@ export interface RunClient extends Omit<KernelClient.Service, "getExecution" | "
 export interface StepFailureRecord {
   readonly message: string
   readonly failure?: unknown
+  /** The tag of an undeclared tagged error (`message` starts with it too). */
+  readonly _tag?: string
+  /** The attempt (from 1) of a step with a `retry` schedule. */
+  readonly attempt?: number
+  /** When the schedule retries the step: the epoch milliseconds of the next attempt. */
+  readonly retry_at_ms?: number
 }
 
 /**
@@ -105,6 +195,13 @@ export interface RunState {
   readonly finishing: Ref.Ref<boolean>
   /** The steps in flight, for a subagent's suspension (PROTOCOL-CURRENT C.5.4). */
   readonly suspension: Suspension.Suspension
+  /**
+   * The run's lease: its timeout, its last renewal, and the retry budget of
+   * the outcome calls and the heartbeat.
+   *
+   * @since 0.2.0
+   */
+  readonly lease: LeaseClock
 }
 
 const stopsTheRun = (signal: RunSignal): boolean => signal instanceof LeaseSuperseded || signal instanceof Abandoned
@@ -119,8 +216,19 @@ const stopsTheRun = (signal: RunSignal): boolean => signal instanceof LeaseSuper
 export const makeRunState = Effect.fnUntraced(function*(
   kernel: KernelClient.Service,
   caller: Caller,
-  executionId: string
+  executionId: string,
+  options?: {
+    /** From the webhook; the kernel default (120 s) when absent. */
+    readonly leaseTimeoutSeconds?: number | undefined
+    /** The outage retry settings; the fiber's `KernelClient.OutcomeRetry` when absent. */
+    readonly retry?: OutcomeRetrySettings | undefined
+  }
 ): Effect.fn.Return<RunState> {
+  const lease = makeLeaseClock(
+    yield* Clock.currentTimeMillis,
+    options?.leaseTimeoutSeconds,
+    options?.retry ?? (yield* OutcomeRetry)
+  )
   const signal = yield* Ref.make<Option.Option<RunSignal>>(Option.none())
   const stopped = yield* Deferred.make<void>()
   const finishing = yield* Ref.make(false)
@@ -139,26 +247,40 @@ export const makeRunState = Effect.fnUntraced(function*(
       Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
       stopsTheRun(s) ? stop : Effect.void
     )
-  const client = scopedClient(kernel, () => isStopped, raise)
+  const client = scopedClient(kernel, () => isStopped, raise, lease)
   const attach = (running: Fiber.Fiber<unknown, unknown>): void => {
     fiber = running
     if (isStopped) interruptRun()
   }
-  return { executionId, caller, client, signal, stopped, raise, close, finishing, attach, suspension: Suspension.make() }
+  return {
+    executionId,
+    caller,
+    client,
+    signal,
+    stopped,
+    raise,
+    close,
+    finishing,
+    attach,
+    suspension: Suspension.make(),
+    lease
+  }
 })
 
 const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>
   e instanceof LeaseSuperseded || e instanceof Terminated
 
 /**
- * Wrap the kernel client: refuse once stopped (without sending anything) and
+ * Wrap the kernel client: refuse once stopped (without sending anything),
  * record the signals that the kernel answers (`lease_superseded`,
- * `execution_terminal`) on the run.
+ * `execution_terminal`) on the run, and retry the outcome calls within the
+ * lease's budget.
  */
 const scopedClient = (
   kernel: KernelClient.Service,
   isStopped: () => boolean,
-  raise: (signal: RunSignal) => Effect.Effect<void>
+  raise: (signal: RunSignal) => Effect.Effect<void>,
+  lease: LeaseClock
 ): RunClient => {
   const recordSignal = (e: unknown) => isSignalError(e) ? raise(e) : Effect.void
   const guard = <A, E, R>(
@@ -172,10 +294,13 @@ const scopedClient = (
         ? Effect.tapError(call(), recordSignal)
         : call()
     )
-  const { getStep, previous, publishMetadata, suspend } = kernel
+  /** An outcome call: guarded, and retried while the lease can be valid. */
+  const outcome = <A, E, R>(call: () => Effect.Effect<A, E, R>): Effect.Effect<A, E | LeaseSuperseded, R> =>
+    withinLease(lease, guard(call))
+  const { bindResource, getStep, previous, publishCheckpoints, publishMetadata, registerResource, suspend } = kernel
   return {
     secret: kernel.secret,
-    unguarded: { isStopped, kernel },
+    unguarded: { isStopped, kernel, lease },
     signingScheme: kernel.signingScheme,
     observeWebhook: kernel.observeWebhook,
     getExecution: (caller, executionId) => guard(() => kernel.getExecution(caller, executionId)),
@@ -186,29 +311,52 @@ const scopedClient = (
     suspend: suspend === undefined ? undefined : (caller, executionId) => guard(() => suspend(caller, executionId)),
     publishMetadata,
     submitStep: (caller, executionId, submission) => guard(() => kernel.submitStep(caller, executionId, submission)),
-    completeStep: (caller, executionId, stepId, resultJson) =>
-      guard(() => kernel.completeStep(caller, executionId, stepId, resultJson)),
+    completeStep: (caller, executionId, stepId, resultJson, records) =>
+      outcome(() =>
+        records === undefined
+          ? kernel.completeStep(caller, executionId, stepId, resultJson)
+          : kernel.completeStep(caller, executionId, stepId, resultJson, records)
+      ),
     failStep: (caller, executionId, stepId, message) =>
-      guard(() => kernel.failStep(caller, executionId, stepId, message)),
-    failStepJson: (caller, executionId, stepId, errorJson) =>
-      guard(() => kernel.failStepJson(caller, executionId, stepId, errorJson)),
-    failStepWith: (caller, executionId, stepId, error) =>
-      guard(() => {
+      outcome(() => kernel.failStep(caller, executionId, stepId, message)),
+    failStepJson: (caller, executionId, stepId, errorJson, records) =>
+      outcome(() =>
+        records === undefined
+          ? kernel.failStepJson(caller, executionId, stepId, errorJson)
+          : kernel.failStepJson(caller, executionId, stepId, errorJson, records)
+      ),
+    failStepWith: (caller, executionId, stepId, error, records) =>
+      outcome(() => {
         const json = stringifyStrict(error)
+        // With captures (PROTOCOL-CURRENT C.6.5) the error goes as JSON, `message` only when it is not JSON.
+        if (records !== undefined) {
+          const errorJson = json._tag === "Ok" ? json.json : JSON.stringify({ message: error.message })
+          return kernel.failStepJson(caller, executionId, stepId, errorJson, records)
+        }
         return json._tag === "Ok"
           ? kernel.failStepJson(caller, executionId, stepId, json.json)
           : kernel.failStep(caller, executionId, stepId, error.message)
       }),
     publishDelta: (caller, executionId, stepId, seq, data) =>
       Effect.suspend(() => isStopped() ? Effect.void : kernel.publishDelta(caller, executionId, stepId, seq, data)),
+    // PROTOCOL-CURRENT C.6.2–C.6.6: lease-fenced; the clients retry them on transport failures.
+    registerResource: registerResource === undefined
+      ? undefined
+      : (caller, executionId, registration) => guard(() => registerResource(caller, executionId, registration)),
+    bindResource: bindResource === undefined
+      ? undefined
+      : (caller, executionId, key, bindingJson) => guard(() => bindResource(caller, executionId, key, bindingJson)),
+    publishCheckpoints: publishCheckpoints === undefined
+      ? undefined
+      : (caller, executionId, records) => guard(() => publishCheckpoints(caller, executionId, records)),
     // The heartbeat loop decides itself what a lease_superseded answer means (5.8).
     heartbeat: (caller, executionId) => guard(() => kernel.heartbeat(caller, executionId), false),
     completeExecution: (caller, executionId, outputJson, stateJson) =>
-      guard(() =>
+      outcome(() =>
         stateJson === undefined ?
           kernel.completeExecution(caller, executionId, outputJson) :
           kernel.completeExecution(caller, executionId, outputJson, stateJson)
       ),
-    failExecution: (caller, executionId, reason) => guard(() => kernel.failExecution(caller, executionId, reason))
+    failExecution: (caller, executionId, reason) => outcome(() => kernel.failExecution(caller, executionId, reason))
   }
 }

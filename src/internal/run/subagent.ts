@@ -28,6 +28,7 @@ import {
 import { isTransportFailure } from "../http/exchange.js"
 import { describeRecordedError } from "./failureReason.js"
 import { inFlight, recordFailure, signal, submit } from "./run.js"
+import * as Resources from "./resources.js"
 import type { StepError } from "./run.js"
 
 /**
@@ -129,8 +130,11 @@ export const run = <O>(
   client: Client.Client.Service,
   call: Call<O>
 ): Effect.Effect<O, StepError | SubagentError> => {
+  const submitted = submit(execution, { kind: "tool_call", target: call.target, args: call.input, idempotency: "safe_to_retry" })
   const step = Effect.flatMap(
-    submit(execution, { kind: "tool_call", target: call.target, args: call.input, idempotency: "safe_to_retry" }),
+    // Its start must not fall inside another step's body and capture (PROTOCOL-CURRENT C.6.8 #4);
+    // the wait for the child holds nothing.
+    Resources.isEnabled() ? Resources.exclusive(submitted) : submitted,
     (admission): Effect.Effect<O, StepError | SubagentError> =>
       admission._tag === "Replay"
         ? outcome(call, admission.stepId, admission.result, admission.error)

@@ -76,24 +76,6 @@ export const argsHash = (raw: string | undefined): string | KernelFailure => {
     : hash("sha256", canonical, "hex")
 }
 
-/**
- * Declared resources of a new step (C.6.4, C.8.1 step 8): the first key that
- * is not registered on the execution is
- * `400 validation error: unknown resource "<key>"`; an `llm_call`'s
- * declaration is ignored. Registering resources is not implemented yet, so
- * every declared key is unknown and only `[]` (or no list) passes.
- *
- * @since 0.2.0
- * @internal
- */
-export const checkResources = (
-  kind: string,
-  resources: ReadonlyArray<string> | undefined
-): KernelFailure | undefined => {
-  if (resources === undefined || resources.length === 0 || kind === "llm_call") return undefined
-  return validation("validation error: unknown resource " + goQuote(resources[0]!))
-}
-
 // ---------------------------------------------------------------------------
 // Policy (C.8.1 step 10, C.8.4 fixed rule ids)
 // ---------------------------------------------------------------------------
@@ -145,12 +127,13 @@ export const evaluateSeedStale = (agent: AgentRecord, input: Policy.PolicyInput)
 }
 
 /**
- * The policy result for a new step (C.8.1 step 10, C.8.4): `permissive`
- * without a bundle; the agent's bundle otherwise. A bundle stored under
+ * The policy result for a new step (C.8.1 step 10, C.8.4): the execution's
+ * own bundle when it has one (a fork's, C.7.2 step 1); else `permissive`
+ * without an agent bundle, the agent's bundle otherwise. A bundle stored under
  * another stage is compiled again in the current language, and one that does
  * not compile denies with rule id `bundle-error` and reason
  * `policy_bundle_invalid`; an agent that is gone denies with
- * `agent_lookup_failed`. (Per-execution bundles of forks are not implemented.)
+ * `agent_lookup_failed`.
  *
  * @since 0.2.0
  * @internal
@@ -162,6 +145,8 @@ export const evaluate = (
   target: string,
   argsRaw: string | undefined
 ): Policy.PolicyResult => {
+  const own = ex.policy
+  if (own !== undefined) return Policy.evaluate(own.bundle, { agentId: ex.record.agentId, kind, target, argsRaw })
   const agent = state.agents.get(ex.record.agentId)
   if (agent === undefined) return agentLookupFailed
   if (agent.policyBundle === "") return Policy.permissive

@@ -63,6 +63,20 @@ export class EventLog {
     return out
   }
 
+  /** The type of the event at `index` (seq `index + 1`). */
+  typeAt(index: number): string {
+    return this.types[index]!
+  }
+
+  /**
+   * What the event at `index` was appended with: its payload text, or the
+   * step it is about and its options (a fork copies events this way,
+   * PROTOCOL-CURRENT C.7.2).
+   */
+  dataAt(index: number): { readonly data: string | StepIdentity; readonly options: Payload.StepPayloadOptions | undefined } {
+    return { data: this.data[index]!, options: this.options[index] }
+  }
+
   private append(
     type: string,
     occurredAtMs: number,

@@ -10,6 +10,7 @@
  * @internal
  */
 import type { ExecutionStatus } from "../../Protocol.js"
+import type * as Policy from "../Policy.js"
 import type { DispatchState } from "./dispatchQueue.js"
 import { EventLog } from "./eventLog.js"
 import type { EventRecord, ExecutionPage, ExecutionRecord } from "./model.js"
@@ -45,6 +46,67 @@ export interface ExecState {
    * 1): a session execution without an explicit parent that is not a fork.
    */
   followsHead: boolean
+  /** Its registered resources by key, in registration order (PROTOCOL-CURRENT C.6); `undefined` until the first. */
+  resources: Map<string, ResourceState> | undefined
+  /** Its checkpoints, oldest first (C.6.5–C.6.7); `undefined` until the first. */
+  checkpoints: Array<CheckpointState> | undefined
+  /** The policy bundle of its own, a fork's (C.7.2 step 1); `undefined` = the agent's applies. */
+  policy: OwnPolicy | undefined
+}
+
+/**
+ * A policy bundle an execution runs under instead of its agent's (a fork's,
+ * PROTOCOL-CURRENT C.7.2 step 1): the YAML text and its compiled form.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface OwnPolicy {
+  readonly text: string
+  readonly bundle: Policy.Bundle
+}
+
+/**
+ * A resource as the core keeps it (PROTOCOL-CURRENT C.6.1); read out as a
+ * `ResourceRecord`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface ResourceState {
+  readonly key: string
+  readonly driverId: string
+  /** Compacted raw JSON; `undefined` when none. */
+  readonly configurationRaw: string | undefined
+  /** SHA-256 of the canonical configuration (C.6.2), `null` when none. */
+  readonly fingerprint: string
+  readonly coverageReuse: boolean
+  everySteps: number
+  onCompletion: boolean
+  readonly registeredSeq: number
+  generation: number
+  count: number
+  bindingRaw: string | undefined
+  /** Canonical JSON of the binding, to compare a second binding with (C.6.3). */
+  bindingCanonical: string | undefined
+  readonly checkpointRef: string | undefined
+  /** Every generation it had and the seq it got it at, oldest first (a fork reads the one of its fork point). */
+  readonly generations: Array<{ readonly seq: number; readonly generation: number }>
+}
+
+/**
+ * A stored checkpoint (PROTOCOL-CURRENT C.6.5); open while `invalidatedSeq`
+ * is `undefined`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export interface CheckpointState {
+  readonly key: string
+  readonly generation: number
+  readonly checkpointRef: string
+  readonly coveredSeq: number
+  invalidatedSeq: number | undefined
 }
 
 /**
@@ -116,7 +178,10 @@ export class ExecutionTable {
       indeterminate: undefined,
       stateRaw: undefined,
       children: undefined,
-      followsHead: false
+      followsHead: false,
+      resources: undefined,
+      checkpoints: undefined,
+      policy: undefined
     }
     this.byId.set(id, ex)
     const at = lowerBound(this.ids, id)

@@ -30,6 +30,7 @@ import {
   notFound
 } from "./model.js"
 import * as Payload from "./payloads.js"
+import * as Resources from "./resources.js"
 import * as Sessions from "./sessions.js"
 import type { CoreState } from "./state.js"
 import { compatMode, isCurrent } from "./state.js"
@@ -193,8 +194,9 @@ export const create = (state: CoreState, r: CreateRequest, now: number): Executi
 /**
  * Start a `pending` execution (PROTOCOL-CURRENT C.4.3; PROTOCOL 11.1): a
  * session execution that follows its session's head (no explicit parent, not
- * a fork) takes the head as its parent; then `running`, `execution.started`
- * and a dispatch.
+ * a fork) takes the head as its parent; then `running`, `execution.started`,
+ * the parent's resources when the parent is in the same session and this is
+ * not a fork (C.6.7), and a dispatch.
  *
  * @since 0.2.0
  * @internal
@@ -214,6 +216,11 @@ export const start = (state: CoreState, ex: ExecState, now: number): void => {
     }),
     now
   )
+  const parentId = ex.record.parentExecutionId
+  if (parentId !== undefined && record.session !== undefined && record.forkedFrom === undefined) {
+    const parent = state.executions.byId.get(parentId)
+    if (parent !== undefined && parent.record.session === record.session) Resources.inherit(ex, parent, now)
+  }
   state.executions.setStatus(ex, "running", now)
   if (record.session !== undefined) state.executions.sessions.get(record.session)!.active = ex
   enqueueDispatch(state, ex, now)
@@ -293,8 +300,9 @@ const ended = (state: CoreState, ex: ExecState, now: number): void => {
 
 /**
  * PROTOCOL-CURRENT C.5.3: a child's end settles the step it was created by —
- * only while the parent runs and the step is still `executing` — and a
- * blocked parent with nothing left to wait for resumes.
+ * only while the parent runs and the step is still `executing`, counting it
+ * against its resources (C.6.5) — and a blocked parent with nothing left to
+ * wait for resumes.
  */
 const settleParentStep = (state: CoreState, child: ExecState, spawnedBy: SpawnedBy, now: number): void => {
   const parent = state.executions.byId.get(spawnedBy.executionId)
@@ -309,6 +317,7 @@ const settleParentStep = (state: CoreState, child: ExecState, spawnedBy: Spawned
     step.set("failed", step.resultRaw, error, step.startedAtMs, now)
     parent.events.pushStep("step.failed", now, step, { error })
   }
+  Resources.count(parent, step)
   if (parent.record.status === "blocked") resumeIfIdle(state, parent, now)
 }
 
@@ -435,6 +444,7 @@ const cancelExecution = (state: CoreState, ex: ExecState, reason: string, now: n
     if (step.status !== "executing") continue
     ex.events.pushStep("step.cancelled", now, step, { error: cancelledError })
     step.set("cancelled", step.resultRaw, cancelledError, step.startedAtMs, now)
+    Resources.count(ex, step)
   }
   ended(state, ex, now)
 }

@@ -233,6 +233,10 @@ export interface ExecutionRecord {
   readonly idempotencyKey?: string | undefined
   /** The parent step that created it as a subagent (C.5.1). */
   readonly spawnedBy?: SpawnedBy | undefined
+  /** The execution it was forked from (PROTOCOL-CURRENT C.7.2); absent when not a fork. */
+  readonly forkedFrom?: string | undefined
+  /** The source seq it was forked at (C.7.1 `at_seq`); absent when not a fork. */
+  readonly forkSeq?: number | undefined
 }
 
 /**
@@ -341,6 +345,20 @@ export interface DispatchRecord {
 export type DecisionValue = DecisionKind
 
 /**
+ * A registered resource a starting step touched (PROTOCOL-CURRENT C.6.4): its
+ * new generation, and whether the step's body should capture it afterwards
+ * (`due`, only for a resource the step declared).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ResourceTouch {
+  readonly key: string
+  readonly generation: number
+  readonly due: boolean
+}
+
+/**
  * A step decision (PROTOCOL 7.1). Optional members are absent when empty;
  * `resultRaw`/`errorRaw` are present exactly when a value is stored.
  *
@@ -356,6 +374,195 @@ export interface Decision {
   readonly reason?: string
   /** PROTOCOL-CURRENT C.8.4: the deciding rule of a `denied` answer (current stage only). */
   readonly ruleId?: string
+  /** PROTOCOL-CURRENT C.6.4: the resources a `proceed` touched; absent when none. */
+  readonly resources?: ReadonlyArray<ResourceTouch>
+}
+
+// ---------------------------------------------------------------------------
+// Resources and forks (PROTOCOL-CURRENT C.6, C.7)
+// ---------------------------------------------------------------------------
+
+/**
+ * A resource registered on an execution (PROTOCOL-CURRENT C.6.1), as the
+ * register route answers it. Raw JSON members are stored compacted.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ResourceRecord {
+  /** `^[A-Za-z0-9_.-]{1,128}$`. */
+  readonly key: string
+  readonly driverId: string
+  /** Raw JSON of the driver's configuration; `undefined` when none (absent or `null`). */
+  readonly configurationRaw: string | undefined
+  readonly coverageReuse: boolean
+  /** Capture after every N affecting steps; `0` = checkpointing off. */
+  readonly everySteps: number
+  readonly onCompletion: boolean
+  /** Seq of its `resource.registered` (or, in a fork, `resource.initialized`) event. */
+  readonly registeredSeq: number
+  /** Version counter; a capture must name the current one. */
+  readonly generation: number
+  /** Settled affecting steps (C.6.5). */
+  readonly count: number
+  /** Raw JSON of its binding (C.6.3); `undefined` until bound. */
+  readonly bindingRaw: string | undefined
+  /** The checkpoint a fork starts from; `undefined` = the initial environment. */
+  readonly checkpointRef: string | undefined
+  /** A checkpoint that is not invalidated exists for the current generation. */
+  readonly covered: boolean
+}
+
+/**
+ * What an agent registers (PROTOCOL-CURRENT C.6.2).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ResourceRegistration {
+  readonly key: string
+  readonly driverId: string
+  /** Raw JSON; `undefined` or `null` = none. */
+  readonly configurationRaw?: string | undefined
+  readonly coverageReuse?: boolean | undefined
+  /** `0` (default) disables checkpointing; negative is a `400`. */
+  readonly everySteps?: number | undefined
+  /** Default: `true` with a positive `everySteps`, else `false`. */
+  readonly onCompletion?: boolean | undefined
+}
+
+/**
+ * A capture an agent reports (PROTOCOL-CURRENT C.6.5).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Capture {
+  readonly key: string
+  readonly generation: number
+  readonly checkpointRef: string
+}
+
+/**
+ * A capture that failed on the agent's side (PROTOCOL-CURRENT C.6.5).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CaptureFailure {
+  readonly key: string
+  readonly generation: number
+  readonly error: string
+}
+
+/**
+ * The captures reported with a step outcome or on
+ * `POST …/resources/checkpoints` (PROTOCOL-CURRENT C.6.5, C.6.6).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CaptureRecords {
+  readonly captures?: ReadonlyArray<Capture> | undefined
+  readonly captureFailures?: ReadonlyArray<CaptureFailure> | undefined
+}
+
+/**
+ * A stored checkpoint (PROTOCOL-CURRENT C.6.7): it covers the seqs
+ * `coveredSeq ≤ seq < invalidatedSeq` (open-ended while `invalidatedSeq` is
+ * `undefined`).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface CheckpointRecord {
+  readonly key: string
+  readonly generation: number
+  readonly checkpointRef: string
+  readonly coveredSeq: number
+  readonly invalidatedSeq: number | undefined
+}
+
+/**
+ * What `GET …/fork-points` answers (PROTOCOL-CURRENT C.7.3).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ForkPoints {
+  readonly latestSeq: number
+  /** Each resource with its `registeredSeq`, in registration order. */
+  readonly resources: ReadonlyArray<{ readonly key: string; readonly registeredSeq: number }>
+  /** Every checkpoint, oldest first. */
+  readonly checkpoints: ReadonlyArray<CheckpointRecord>
+}
+
+/**
+ * Where a fork's resource starts from (PROTOCOL-CURRENT C.7.2 step 4): the
+ * newest checkpoint covering the fork point, else the newest earlier one
+ * (`covered: false`), else none (the initial environment).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Restoration {
+  readonly key: string
+  readonly checkpointRef: string | undefined
+  /** The selected checkpoint's `coveredSeq` in the source's log. */
+  readonly checkpointSeq: number | undefined
+  /** Whether a checkpoint covers the fork point. */
+  readonly covered: boolean
+}
+
+/**
+ * A replacement for a copied step's recorded outcome in a fork (test kit
+ * "what if" tests; never on the wire): the step replays `result` (as
+ * `succeeded`) or `error` (as `failed`) instead of what the source recorded.
+ * Values must be JSON.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type StepOverride = { readonly result: unknown } | { readonly error: unknown }
+
+/**
+ * A fork request (PROTOCOL-CURRENT C.7.1), plus the programmatic hooks.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ForkRequest {
+  /** The source seq to fork at, `1..latest`. */
+  readonly atSeq: number
+  /** A session label for the fork (it must have no executions yet). */
+  readonly session?: string | undefined
+  /** YAML policy bundle the fork runs under (current-stage language). */
+  readonly policyBundle?: string | undefined
+  /**
+   * Whether the caller holds `policies:write` (C.7.1: a `policyBundle`
+   * needs it). Default `true`: in-process callers have full access.
+   */
+  readonly mayWritePolicies?: boolean | undefined
+  /**
+   * Replace the recorded outcome of copied steps, by **source** step id
+   * (programmatic only). A step id that is not copied is a `400`.
+   */
+  readonly overrides?: Readonly<Record<string, StepOverride>> | undefined
+  /** Test hook: create the fork with this canonical id (`409 conflict` when taken). */
+  readonly id?: string | undefined
+}
+
+/**
+ * What a fork answers (PROTOCOL-CURRENT C.7.1): the new execution and, when
+ * the source had resources registered at or before the fork point, where
+ * each starts from (sorted by key).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface ForkResult {
+  readonly execution: ExecutionRecord
+  readonly restoration: ReadonlyArray<Restoration> | undefined
 }
 
 /**

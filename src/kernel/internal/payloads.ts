@@ -60,6 +60,10 @@ export interface StepPayloadOptions {
   readonly reason?: string | undefined
   /** PROTOCOL-CURRENT C.8.5: `{"input_tokens":…,"output_tokens":…}` on `step.succeeded`. */
   readonly usage?: string | undefined
+  /** PROTOCOL-CURRENT C.6.4: `{"<key>":<generation>,…}` on `step.executing` (raw JSON, keys sorted). */
+  readonly generations?: string | undefined
+  /** PROTOCOL-CURRENT C.6.4: the affected keys on `step.executing` (raw JSON array). */
+  readonly resources?: string | undefined
 }
 
 /**
@@ -74,8 +78,10 @@ export const stepPayload = (
 ): string => {
   let out = "{"
   if (options?.error !== undefined) out += "\"error\":" + options.error + ","
+  if (options?.generations !== undefined) out += "\"generations\":" + options.generations + ","
   if (options?.policyHash !== undefined && options.policyHash !== "") out += "\"policy_hash\":" + id(options.policyHash) + ","
   if (options?.reason !== undefined && options.reason !== "") out += "\"reason\":" + quoteString(options.reason) + ","
+  if (options?.resources !== undefined) out += "\"resources\":" + options.resources + ","
   if (options?.ruleId !== undefined && options.ruleId !== "") out += "\"rule_id\":" + quoteString(options.ruleId) + ","
   out += "\"step_id\":" + id(stepId) + ",\"step_type\":" + quoteString(kind)
   if (!(options?.omitEmptyTarget === true && target === "")) out += ",\"target\":" + quoteString(target)
@@ -111,12 +117,34 @@ export const approvalPayload = (
 }
 
 /**
+ * `error` (raw JSON, see {@link deliveryError}) is the cause of a failed
+ * delivery on `dispatch.failed`; omitted when absent.
+ *
  * @since 0.1.0
  * @internal
  */
-export const dispatchPayload = (attempt: number, dispatchId: string, executionId: string, status: string): string =>
-  "{\"attempt\":" + attempt + ",\"dispatch_id\":" + id(dispatchId) + ",\"execution_id\":" + id(executionId) +
-  ",\"status\":" + quoteString(status) + "}"
+export const dispatchPayload = (
+  attempt: number,
+  dispatchId: string,
+  executionId: string,
+  status: string,
+  error?: string | undefined
+): string =>
+  "{\"attempt\":" + attempt + ",\"dispatch_id\":" + id(dispatchId) +
+  (error === undefined ? "" : ",\"error\":" + error) +
+  ",\"execution_id\":" + id(executionId) + ",\"status\":" + quoteString(status) + "}"
+
+/**
+ * `{"message":…,"reason":…[,"status":n]}` — why a webhook delivery failed, on
+ * `dispatch.failed` (an addition of the embedded kernel's current stage: event
+ * payloads are key/value maps whose readers ignore unknown members).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const deliveryError = (message: string, reason: string, status?: number | undefined): string =>
+  "{\"message\":" + quoteString(message) + ",\"reason\":" + quoteString(reason) +
+  (status === undefined ? "" : ",\"status\":" + status) + "}"
 
 /**
  * `{"reason":…,"rule_id":…}` — the stored error of a policy denial (7.5).
@@ -143,3 +171,114 @@ export const reasonError = (reason: string): string => "{\"reason\":" + quoteStr
  */
 export const indeterminateError =
   "{\"message\":\"outcome unknown: this may already have taken effect. Check the state before continuing.\",\"reason\":\"indeterminate\"}"
+
+// ---------------------------------------------------------------------------
+// Resources and forks (PROTOCOL-CURRENT C.6, C.7)
+// ---------------------------------------------------------------------------
+
+/**
+ * `resource.registered`: `{"configuration","coverage_reuse","driver_id","every_steps","key","on_completion"}`
+ * (`configuration` is `null` when none).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const resourceRegisteredPayload = (r: {
+  readonly key: string
+  readonly driverId: string
+  readonly configurationRaw: string | undefined
+  readonly coverageReuse: boolean
+  readonly everySteps: number
+  readonly onCompletion: boolean
+}): string =>
+  "{\"configuration\":" + (r.configurationRaw ?? "null") + ",\"coverage_reuse\":" + r.coverageReuse +
+  ",\"driver_id\":" + quoteString(r.driverId) + ",\"every_steps\":" + r.everySteps + ",\"key\":" +
+  quoteString(r.key) + ",\"on_completion\":" + r.onCompletion + "}"
+
+/**
+ * `resource.bound`: `{"binding","key"}`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const resourceBoundPayload = (key: string, bindingRaw: string): string =>
+  "{\"binding\":" + bindingRaw + ",\"key\":" + quoteString(key) + "}"
+
+/**
+ * `resource.checkpointed`: `{"checkpoint_ref","covered_seq","generation","key"}`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const resourceCheckpointedPayload = (
+  key: string,
+  generation: number,
+  checkpointRef: string,
+  coveredSeq: number
+): string =>
+  "{\"checkpoint_ref\":" + quoteString(checkpointRef) + ",\"covered_seq\":" + coveredSeq + ",\"generation\":" +
+  generation + ",\"key\":" + quoteString(key) + "}"
+
+/**
+ * `resource.checkpoint_failed`: `{"error","generation","key"}`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const resourceCheckpointFailedPayload = (key: string, generation: number, error: string): string =>
+  "{\"error\":" + quoteString(error) + ",\"generation\":" + generation + ",\"key\":" + quoteString(key) + "}"
+
+/**
+ * `resource.initialized` (a fork's resource, C.7.2 step 4):
+ * `{"checkpoint_ref"?,"generation","key"}`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const resourceInitializedPayload = (key: string, generation: number, checkpointRef: string | undefined): string =>
+  "{" + (checkpointRef === undefined ? "" : "\"checkpoint_ref\":" + quoteString(checkpointRef) + ",") +
+  "\"generation\":" + generation + ",\"key\":" + quoteString(key) + "}"
+
+/**
+ * A restoration map (C.7.1, C.7.2): `{"<key>":{"checkpoint_ref"?,"checkpoint_seq"?,"covered"},…}`,
+ * keys in the order given (callers sort them).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const restorationJson = (
+  entries: ReadonlyArray<{
+    readonly key: string
+    readonly checkpointRef: string | undefined
+    readonly checkpointSeq: number | undefined
+    readonly covered: boolean
+  }>
+): string => {
+  let out = "{"
+  for (let i = 0; i < entries.length; i++) {
+    const e = entries[i]!
+    if (i > 0) out += ","
+    out += quoteString(e.key) + ":{"
+    if (e.checkpointRef !== undefined) out += "\"checkpoint_ref\":" + quoteString(e.checkpointRef) + ","
+    if (e.checkpointSeq !== undefined) out += "\"checkpoint_seq\":" + e.checkpointSeq + ","
+    out += "\"covered\":" + e.covered + "}"
+  }
+  return out + "}"
+}
+
+/**
+ * `execution.forked` (C.7.2 step 2):
+ * `{"fork_seq","policy_override","restoration"?,"source_execution_id"}`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const executionForkedPayload = (
+  sourceExecutionId: string,
+  forkSeq: number,
+  policyOverride: boolean,
+  restorationRaw: string | undefined
+): string =>
+  "{\"fork_seq\":" + forkSeq + ",\"policy_override\":" + policyOverride +
+  (restorationRaw === undefined ? "" : ",\"restoration\":" + restorationRaw) + ",\"source_execution_id\":" +
+  id(sourceExecutionId) + "}"

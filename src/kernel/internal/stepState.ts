@@ -39,6 +39,12 @@ export class StepState {
   completedAtMs: number | undefined = undefined
   /** Tokens recorded on a succeeded `llm_call` step (PROTOCOL-CURRENT C.8.5), summed by budgets. */
   usage: { readonly inputTokens: number; readonly outputTokens: number } | undefined = undefined
+  /**
+   * The registered resources it declared and may change (PROTOCOL-CURRENT
+   * C.6.4), in registration order; `undefined` for none (and for `llm_call`).
+   * Counted when it settles and read as its writers (C.6.5).
+   */
+  resources: ReadonlyArray<string> | undefined = undefined
 
   /** Its status and outcome from now on. */
   set(

@@ -19,7 +19,7 @@ import * as Decisions from "./decisions.js"
 import type { DispatchState } from "./dispatchQueue.js"
 import type { ExecState } from "./executions.js"
 import { flat } from "./flat.js"
-import type { Decision, DecisionValue, Lease, StepRecord } from "./model.js"
+import type { CaptureRecords, Decision, DecisionValue, Lease, StepRecord } from "./model.js"
 import {
   isTerminalExecution,
   isTerminalStep,
@@ -29,6 +29,7 @@ import {
   validation
 } from "./model.js"
 import * as Payload from "./payloads.js"
+import * as Resources from "./resources.js"
 import type { CoreState } from "./state.js"
 import { compatMode, isCurrent } from "./state.js"
 import { StepState } from "./stepState.js"
@@ -79,8 +80,17 @@ const LIMITER_UNAVAILABLE: Decision = { decision: "rate_limited", reason: "rate_
 
 const withStepId = (decision: DecisionValue, stepId: string): Decision => ({ decision, stepId })
 
-/** Mark a step's counter key as having an unknown outcome (7.3 step 10). */
-const markIndeterminate = (ex: ExecState, step: StepState): void => {
+/** `proceed`, with the resources the start touched (PROTOCOL-CURRENT C.6.4) when any. */
+const proceedWith = (stepId: string, resources: Decision["resources"] | undefined): Decision =>
+  resources === undefined ? { decision: "proceed", stepId } : { decision: "proceed", stepId, resources }
+
+/**
+ * Mark a step's counter key as having an unknown outcome (7.3 step 10).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const markIndeterminate = (ex: ExecState, step: StepState): void => {
   ;(ex.indeterminate ??= new Set()).add(counterKey(step.kind, step.target, step.argsHash))
 }
 
@@ -115,17 +125,25 @@ const replayExisting = (
         : { decision: "blocked", stepId: step.stepId, approvalId }
     }
     case "allowed":
-    case "proposed":
+    case "proposed": {
       step.set("executing", step.resultRaw, step.errorRaw, now, step.completedAtMs)
-      ex.events.pushStep("step.executing", now, step)
-      return withStepId("proceed", step.stepId)
+      if (ex.resources === undefined) {
+        ex.events.pushStep("step.executing", now, step)
+        return withStepId("proceed", step.stepId)
+      }
+      // PROTOCOL-CURRENT C.6.4: an approved or proposed step starts now
+      return proceedWith(step.stepId, Resources.begin(ex, step, now, true))
+    }
     case "executing":
       if (idempotency === "at_most_once") {
         step.set("failed", step.resultRaw, Payload.indeterminateError, step.startedAtMs, now)
         ex.events.pushStep("step.failed", now, step, { error: Payload.indeterminateError })
         markIndeterminate(ex, step)
+        Resources.count(ex, step)
         return { decision: "replay", stepId: step.stepId, errorRaw: Payload.indeterminateError }
       }
+      // C.6.4: an orphaned step re-run; `step.executing` again only when it touches resources
+      if (ex.resources !== undefined) return proceedWith(step.stepId, Resources.begin(ex, step, now, false))
       return withStepId("proceed", step.stepId)
     case "denied":
       return isCurrent(state)
@@ -205,9 +223,11 @@ const submitWith = (
     return decision
   }
   if (ex.record.status === "blocked") return EXECUTION_BLOCKED
-  if (current) {
-    const badResource = Decisions.checkResources(s.kind, s.resources)
-    if (badResource !== undefined) return badResource
+  let declared: ReadonlyArray<string> | undefined
+  if (current && s.resources !== undefined && s.resources.length > 0) {
+    const checked = Resources.declared(ex, s.kind, s.resources)
+    if (checked instanceof KernelFailure) return checked
+    declared = checked
   }
 
   let result: Policy.PolicyResult
@@ -264,6 +284,7 @@ const submitWith = (
     s.argsRaw,
     ex.order.length
   )
+  if (declared !== undefined) created.resources = declared
   let decision: Decision
   switch (result.decision) {
     case "allow": {
@@ -276,8 +297,12 @@ const submitWith = (
         created,
         current ? { ruleId: result.ruleId, reason: result.reason, policyHash: result.policyHash } : { ruleId: result.ruleId }
       )
-      ex.events.pushStep("step.executing", now, created)
-      decision = withStepId("proceed", stepId)
+      if (ex.resources === undefined) {
+        ex.events.pushStep("step.executing", now, created)
+        decision = withStepId("proceed", stepId)
+      } else {
+        decision = proceedWith(stepId, Resources.begin(ex, created, now, true))
+      }
       break
     }
     case "deny": {
@@ -385,7 +410,10 @@ const cannotRecord = (status: string): KernelFailure =>
  * 6.4 / 6.5: settle an executing step as `succeeded` (storing `raw` as its
  * result) or `failed` (as its error); a settled step replays what it stored.
  * The lease is CHECKed, not renewed (not in compat mode). In the current
- * stage a step that is neither settled nor `executing` is `409 conflict`.
+ * stage a step that is neither settled nor `executing` is `409 conflict`,
+ * and a recorded outcome counts against the step's resources and records
+ * the `captures` sent with it (PROTOCOL-CURRENT C.6.5; a replayed answer
+ * records nothing).
  *
  * @since 0.1.0
  * @internal
@@ -397,7 +425,8 @@ export const settle = (
   stepId: string,
   lease: Lease,
   outcome: "succeeded" | "failed",
-  raw: string | undefined
+  raw: string | undefined,
+  captures?: CaptureRecords | undefined
 ): Decision | KernelFailure => {
   const ex = state.executions.byId.get(executionId)
   const step = ex?.steps.get(stepId)
@@ -429,6 +458,9 @@ export const settle = (
     ex.events.pushStep("step.failed", now, step, { error: value })
     if (isIndeterminateError(value)) markIndeterminate(ex, step)
   }
+  // PROTOCOL-CURRENT C.6.5: the step counts against its resources; then the captures
+  if (ex.resources !== undefined) Resources.count(ex, step)
+  if (captures !== undefined) Resources.recordCaptures(ex, captures, ex.events.length, now)
   return RECORDED
 }
 

@@ -69,7 +69,10 @@ const noCalls = (): CallCounts => ({
   heartbeat: 0,
   suspend: 0,
   completeExecution: 0,
-  failExecution: 0
+  failExecution: 0,
+  registerResource: 0,
+  bindResource: 0,
+  publishCheckpoints: 0
 })
 
 const leaseKeys = new WeakMap<Lease, { readonly executionId: string; readonly key: string }>()

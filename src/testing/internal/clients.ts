@@ -51,9 +51,11 @@ const countedClient = (
     secret: service.secret,
     getExecution: (caller, executionId) => counted(service.getExecution(caller, executionId)),
     submitStep: (caller, executionId, s) => counted(service.submitStep(caller, executionId, s)),
-    completeStep: (caller, executionId, stepId, result) => counted(service.completeStep(caller, executionId, stepId, result)),
+    completeStep: (caller, executionId, stepId, result, records) =>
+      counted(service.completeStep(caller, executionId, stepId, result, records)),
     failStep: (caller, executionId, stepId, message) => counted(service.failStep(caller, executionId, stepId, message)),
-    failStepJson: (caller, executionId, stepId, error) => counted(service.failStepJson(caller, executionId, stepId, error)),
+    failStepJson: (caller, executionId, stepId, error, records) =>
+      counted(service.failStepJson(caller, executionId, stepId, error, records)),
     publishDelta: service.publishDelta,
     heartbeat: (caller, executionId) => counted(service.heartbeat(caller, executionId)),
     completeExecution: (caller, executionId, output, state) =>
@@ -72,7 +74,17 @@ const countedClient = (
       : (caller, executionId) => counted(service.suspend!(caller, executionId)),
     publishMetadata: service.publishMetadata === undefined
       ? undefined
-      : (agentId, metadata) => counted(service.publishMetadata!(agentId, metadata))
+      : (agentId, metadata) => counted(service.publishMetadata!(agentId, metadata)),
+    // PROTOCOL-CURRENT C.6.2, C.6.3, C.6.6.
+    registerResource: service.registerResource === undefined
+      ? undefined
+      : (caller, executionId, registration) => counted(service.registerResource!(caller, executionId, registration)),
+    bindResource: service.bindResource === undefined
+      ? undefined
+      : (caller, executionId, key, binding) => counted(service.bindResource!(caller, executionId, key, binding)),
+    publishCheckpoints: service.publishCheckpoints === undefined
+      ? undefined
+      : (caller, executionId, records) => counted(service.publishCheckpoints!(caller, executionId, records))
   }
 }
 

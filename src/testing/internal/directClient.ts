@@ -6,6 +6,10 @@
  * HTTP client, it retries the calls PROTOCOL.md 15.1 declares safe (reads,
  * step complete / fail, outcome posts) on transport failures — which, here,
  * only the test kit's fault injection produces — and never retries a submit.
+ * It implements every call the SDK makes, the resource calls of the current
+ * stage (PROTOCOL-CURRENT C.6: register, bind, checkpoints, the `resources`
+ * of a submit, the captures of an outcome) included, all through the kit's
+ * interceptor, so they are logged and can be crashed or faulted.
  *
  * @since 0.1.0
  * @internal
@@ -35,6 +39,9 @@ export type CallName =
   | "suspend"
   | "completeExecution"
   | "failExecution"
+  | "registerResource"
+  | "bindResource"
+  | "publishCheckpoints"
 
 /**
  * One agent → kernel call as the interceptor sees it before it is sent.
@@ -152,6 +159,7 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
     approvalId?: string
     reason?: string
     ruleId?: string
+    resources?: ReadonlyArray<Protocol.StepResource>
   } = { decision: d.decision }
   if (d.stepId !== undefined) out.stepId = d.stepId
   if (d.resultRaw !== undefined) out.result = parseRaw(d.resultRaw)
@@ -160,6 +168,8 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
   if (d.reason !== undefined && d.reason !== "") out.reason = d.reason
   // PROTOCOL-CURRENT C.8.4: the deciding rule of a denial, as `PolicyError.ruleId`.
   if (d.ruleId !== undefined && d.ruleId !== "") out.ruleId = d.ruleId
+  // PROTOCOL-CURRENT C.6.4: the resources a `proceed` touched.
+  if (d.resources !== undefined && d.resources.length > 0) out.resources = d.resources
   return out
 }
 
@@ -177,7 +187,8 @@ const toCore = (s: StepSubmission) => ({
   kind: s.kind,
   target: s.target,
   argsRaw: s.argsJson,
-  idempotency: s.idempotency
+  idempotency: s.idempotency,
+  ...(s.resources === undefined || s.resources.length === 0 ? {} : { resources: s.resources })
 })
 
 const toExecution = (r: Core.ExecutionRecord): Protocol.Execution =>
@@ -275,8 +286,22 @@ export const make = (
   const completeCall = (caller: Caller, executionId: string, stepId: string, resultJson: string) =>
     stepCall(info("completeStep", caller, executionId, stepId), "succeeded", resultJson, signalOr)
 
-  const completeStep: KernelClient.Service["completeStep"] = (caller, executionId, stepId, resultJson) =>
-    Http.retryTransport(completeCall(caller, executionId, stepId, resultJson))
+  /** A step outcome with captures (PROTOCOL-CURRENT C.6.5): on the slow path, retried like the others. */
+  const settleWithCaptures = (
+    info: CallInfo,
+    effect: Effect.Effect<Core.Decision, Core.KernelFailure>
+  ): Effect.Effect<Protocol.StepDecision, KernelError | LeaseSuperseded | Terminated> =>
+    Http.retryTransport(
+      around(info, effect).pipe(Effect.mapBoth({ onFailure: mapFailure(signalOr), onSuccess: toDecision }))
+    )
+
+  const completeStep: KernelClient.Service["completeStep"] = (caller, executionId, stepId, resultJson, records) =>
+    records === undefined
+      ? Http.retryTransport(completeCall(caller, executionId, stepId, resultJson))
+      : settleWithCaptures(
+        info("completeStep", caller, executionId, stepId),
+        core.completeStep(executionId, stepId, caller.lease, resultJson, records)
+      )
 
   /** The same submit and complete, for callers that read the time themselves. */
   const inProcessSteps: InProcess.InProcessSteps = {
@@ -299,8 +324,13 @@ export const make = (
     submission?: StepSubmission
   ): CallInfo => ({ call, agentId: caller.agentId, lease: caller.lease, executionId, stepId, submission })
 
-  const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson) =>
-    stepCall(info("failStep", caller, executionId, stepId), "failed", errorJson, signalOr).pipe(Http.retryTransport)
+  const failStepJson: KernelClient.Service["failStepJson"] = (caller, executionId, stepId, errorJson, records) =>
+    records === undefined
+      ? stepCall(info("failStep", caller, executionId, stepId), "failed", errorJson, signalOr).pipe(Http.retryTransport)
+      : settleWithCaptures(
+        info("failStep", caller, executionId, stepId),
+        core.failStep(executionId, stepId, caller.lease, errorJson, records)
+      )
 
   /** Complete / fail execution: `409 execution_terminal` means an earlier try (or a cancel) got there first. */
   const outcome = (
@@ -376,7 +406,37 @@ export const make = (
         outputSchemaRaw: rawOrNull(metadata.outputSchema)
       })).pipe(Effect.mapError(statusError)),
     failExecution: (caller, executionId, reason) =>
-      outcome(info("failExecution", caller, executionId), core.failExecution(executionId, caller.lease, reason))
+      outcome(info("failExecution", caller, executionId), core.failExecution(executionId, caller.lease, reason)),
+    // PROTOCOL-CURRENT C.6.2, C.6.3, C.6.6: lease-fenced resource calls, logged and open to
+    // injected faults like every agent call, retried on transport failures as over HTTP.
+    registerResource: (caller, executionId, r) =>
+      around(
+        info("registerResource", caller, executionId),
+        currentOnly(core.registerResource(executionId, caller.lease, {
+          key: r.key,
+          driverId: r.driverId,
+          configurationRaw: r.configurationJson,
+          coverageReuse: r.coverageReuse,
+          everySteps: r.everySteps,
+          onCompletion: r.onCompletion
+        }))
+      ).pipe(
+        Effect.mapBoth({
+          onFailure: mapFailure(signalOr),
+          onSuccess: (record) => fromWire(Protocol.Resource, Wire.encodeResource(record))
+        }),
+        Http.retryTransport
+      ),
+    bindResource: (caller, executionId, key, bindingJson) =>
+      around(
+        info("bindResource", caller, executionId),
+        currentOnly(core.bindResource(executionId, key, caller.lease, bindingJson))
+      ).pipe(Effect.mapError(mapFailure(signalOr)), Http.retryTransport),
+    publishCheckpoints: (caller, executionId, records) =>
+      around(
+        info("publishCheckpoints", caller, executionId),
+        currentOnly(core.publishCheckpoints(executionId, caller.lease, records))
+      ).pipe(Effect.mapError(mapFailure(signalOr)), Http.retryTransport)
   }
   return InProcess.register(service, inProcessSteps)
 }

@@ -65,7 +65,7 @@ const parseJson = (text: string): unknown => {
 }
 
 const AGENT_ROUTE =
-  /^\/v0\/executions\/([^/]+)(?:\/(steps(?:\/([^/]+)\/(complete|fail))?|heartbeat|suspend|previous|complete|fail))?$/
+  /^\/v0\/executions\/([^/]+)(?:\/(steps(?:\/([^/]+)\/(complete|fail))?|heartbeat|suspend|previous|complete|fail|resources(?:\/checkpoints|\/([^/]+)\/binding)?))?$/
 
 /** Which agent call a request is, if any (only requests that carry an agent id). */
 const describe = (
@@ -98,6 +98,13 @@ const describe = (
       argsJson: JSON.stringify(parsed["args"] ?? null),
       idempotency: parsed["idempotency"] === "at_most_once" ? "at_most_once" : "safe_to_retry"
     }
+  } else if (tail.startsWith("resources")) {
+    // PROTOCOL-CURRENT C.6.2, C.6.3, C.6.6
+    call = match[5] !== undefined
+      ? "bindResource"
+      : tail === "resources"
+      ? "registerResource"
+      : "publishCheckpoints"
   } else if (match[3] !== undefined) {
     call = match[4] === "complete" ? "completeStep" : "failStep"
     stepId = match[3]

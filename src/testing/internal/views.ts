@@ -10,7 +10,7 @@ import { Array as Arr, Effect } from "effect"
 import type * as Core from "../../kernel/Core.js"
 import * as Wire from "../../kernel/Wire.js"
 import * as Protocol from "../../Protocol.js"
-import type { KernelCall, RunResult } from "../TestKernel.js"
+import type { KernelCall, RunResult, RunStep } from "../TestKernel.js"
 import { fromWire } from "./directClient.js"
 
 const decodeStep = (s: Core.StepRecord): Protocol.Step => fromWire(Protocol.Step, Wire.encodeStep(s))
@@ -45,6 +45,30 @@ export const execution = (
  */
 export const steps = (core: Core.KernelCore, executionId: string): Effect.Effect<ReadonlyArray<Protocol.Step>> =>
   Effect.map(core.listSteps(executionId, false), Arr.map(decodeStep))
+
+/**
+ * Steps in call order: by the position of each step's first `step.proposed`
+ * event in the log (a fork's log carries its copied steps' events in the
+ * source's order, PROTOCOL-CURRENT C.7.2), each with its 0-based `sequence`.
+ * A step the log does not propose (none today) comes last, by step id.
+ */
+const inCallOrder = (
+  records: ReadonlyArray<Core.StepRecord>,
+  events: ReadonlyArray<Core.EventRecord>
+): ReadonlyArray<RunStep> => {
+  const position = new Map<string, number>()
+  for (const event of events) {
+    if (event.type !== "step.proposed") continue
+    const stepId = (JSON.parse(event.payload) as { readonly step_id?: unknown }).step_id
+    if (typeof stepId === "string" && !position.has(stepId)) position.set(stepId, event.seq)
+  }
+  const sorted = records.slice().sort((a, b) => {
+    const pa = position.get(a.stepId) ?? Infinity
+    const pb = position.get(b.stepId) ?? Infinity
+    return pa !== pb ? pa - pb : a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0
+  })
+  return sorted.map((record, sequence) => ({ ...decodeStep(record), sequence }))
+}
 
 /**
  * The execution's whole event log.
@@ -150,17 +174,20 @@ export const runResult = (
     const stepRecords = yield* core.listSteps(executionId, false)
     const log = core.unsafeEventLog(executionId)
     const eventCount = log?.length ?? 0
+    let eventRecords: ReadonlyArray<Core.EventRecord> | undefined
+    const records = () => (eventRecords ??= log?.slice(0, eventCount) ?? [])
     const result: Omit<RunResult, "steps" | "events"> = {
       executionId,
       status: current.status as Protocol.ExecutionStatus,
       output: current.output,
-      failureReason: current.failureReason,
+      // absent, not "", when there is none
+      ...(current.failureReason === "" ? {} : { failureReason: current.failureReason }),
       execution: current,
       approvals: yield* approvals(core, executionId),
       ...facts(executionId)
     }
     return Object.defineProperties(result as RunResult, {
-      steps: lazyProperty(() => stepRecords.map(decodeStep)),
-      events: lazyProperty(() => (log?.slice(0, eventCount) ?? []).map(decodeEvent))
+      steps: lazyProperty(() => inCallOrder(stepRecords, records())),
+      events: lazyProperty(() => records().map(decodeEvent))
     })
   })
