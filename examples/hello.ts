@@ -11,6 +11,13 @@
  * `npx tsx examples/hello.ts`, then create an execution:
  *
  *   curl -s localhost:8080/v0/executions -d '{"agent_id":"hello","input":{"query":"hello world"}}'
+ *
+ * When something is off, both sides say so: with a `REBUNO_AGENT_SECRET` that
+ * is not the manifest's, this agent logs every webhook it rejects (`webhook
+ * request rejected (401): bad signature: … compare REBUNO_AGENT_SECRET …`) and
+ * the kernel every failed delivery (`webhook delivery to agent hello failed:
+ * the agent answered 401 Unauthorized …`); with no agent listening, the kernel
+ * logs `connection refused (is the agent running and listening at …?)`.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Config, Effect, Layer, Redacted, Schema } from "effect"

@@ -14,6 +14,11 @@
  *      checkpoint — the two notes written before the crash, no torn file —
  *      the two recorded steps replay, and the third note is written live.
  *
+ * Why a fork: a plain redelivery of the crashed execution reopens its
+ * workspace as the crash left it (its binding names that directory), torn
+ * note included, and runs the unrecorded step again on it. A fork at a
+ * covered seq is how to start from the state of a checkpoint instead.
+ *
  *   npx tsx examples/resources.ts
  *
  * The workspaces and the store go to a temporary directory (printed), or under
