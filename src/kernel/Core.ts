@@ -395,6 +395,14 @@ export interface KernelCore {
    * at once, do not keep it.
    */
   readonly unsafeGetStep: (id: string, stepId: string) => StepRecord | undefined
+  /**
+   * {@link listSteps} as a plain function and without its sort: copies of the
+   * execution's steps in the order they were first submitted (empty for an
+   * unknown execution), for in-process callers that order them themselves.
+   *
+   * @since 0.2.0
+   */
+  readonly unsafeStepsInOrder: (id: string) => ReadonlyArray<StepRecord>
 
   /** Pending approvals only, oldest first (11.8). */
   readonly listApprovals: () => Effect.Effect<ReadonlyArray<ApprovalRecord>>
@@ -665,6 +673,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     listSteps: (id, terminalOnly) => Effect.sync(() => Steps.list(state, id, terminalOnly)),
     getStep: (id, stepId) => read(() => executions.byId.get(id)?.steps.get(stepId)?.snapshot() ?? notFound()),
     unsafeGetStep: (id, stepId) => executions.byId.get(id)?.steps.get(stepId),
+    unsafeStepsInOrder: (id) => Steps.inOrder(state, id),
     unsafeEventLog: (id) => executions.byId.get(id)?.events,
 
     listApprovals: () => Effect.sync(() => approvals.listPending()),

@@ -18,7 +18,7 @@
  *
  * @since 0.1.0
  */
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import { hash } from "node:crypto"
 import { RE2JS } from "re2js"
 import { type Document, isAlias, isMap, isScalar, isSeq, parseAllDocuments, type Scalar, type YAMLMap, type YAMLSeq } from "yaml"
@@ -1393,28 +1393,54 @@ export const evaluate = (bundle: Bundle | undefined, input: PolicyInput): Policy
   }
   const policyHash = bundle.policyHash
   for (const rule of bundle.rules) {
-    if (conditionHolds(rule.when, input, lazyArgs)) {
-      const then = rule.then
-      return policyHash === undefined
-        ? {
-          decision: then.decision,
-          ruleId: rule.id,
-          reason: then.reason,
-          approval: then.approval,
-          rateLimit: then.rateLimit
-        }
-        : {
-          decision: then.decision,
-          ruleId: rule.id,
-          reason: then.reason,
-          approval: then.approval,
-          rateLimit: then.rateLimit,
-          policyHash,
-          budget: then.budget,
-          judge: then.judge
-        }
-    }
+    if (conditionHolds(rule.when, input, lazyArgs)) return ruleResult(rule, policyHash)
   }
   const fallthrough = input.kind === "local" ? localStep : bundle.defaultAction === "allow" ? defaultAllow : defaultDeny
-  return policyHash === undefined ? fallthrough : { ...fallthrough, policyHash }
+  return policyHash === undefined ? fallthrough : fallthroughResult(bundle, fallthrough, policyHash)
+}
+
+// Results are immutable and every step the same rule decides gets an equal one:
+// each is built once (the kernel's decision events keep the result they carry).
+const ruleResults = new WeakMap<Rule, PolicyResult>()
+const fallthroughResults = new WeakMap<Bundle, Map<PolicyResult, PolicyResult>>()
+
+/** The result of a matching rule, with the bundle's hash when it has one. */
+const ruleResult = (rule: Rule, policyHash: string | undefined): PolicyResult => {
+  const known = ruleResults.get(rule)
+  if (known !== undefined && known.policyHash === policyHash) return known
+  const then = rule.then
+  const result: PolicyResult = policyHash === undefined
+    ? {
+      decision: then.decision,
+      ruleId: rule.id,
+      reason: then.reason,
+      approval: then.approval,
+      rateLimit: then.rateLimit
+    }
+    : {
+      decision: then.decision,
+      ruleId: rule.id,
+      reason: then.reason,
+      approval: then.approval,
+      rateLimit: then.rateLimit,
+      policyHash,
+      budget: then.budget,
+      judge: then.judge
+    }
+  ruleResults.set(rule, result)
+  return result
+}
+
+/** A fixed result with a current-stage bundle's hash. */
+const fallthroughResult = (bundle: Bundle, fallthrough: PolicyResult, policyHash: string): PolicyResult => {
+  let known = fallthroughResults.get(bundle)
+  if (known === undefined) {
+    known = new Map()
+    fallthroughResults.set(bundle, known)
+  }
+  const cached = known.get(fallthrough)
+  if (cached !== undefined && cached.policyHash === policyHash) return cached
+  const result = { ...fallthrough, policyHash }
+  known.set(fallthrough, result)
+  return result
 }

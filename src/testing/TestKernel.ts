@@ -266,8 +266,8 @@ export interface RunStep extends Protocol.Step {
 /**
  * What a settled execution looks like from outside: its status, output,
  * failure reason, steps, events and pending approvals, decoded exactly as a
- * client would see them over HTTP. Steps and events are those of the moment the
- * execution settled, decoded when first read.
+ * client would see them over HTTP. Steps, events and calls are those of the
+ * moment the execution settled, decoded when first read.
  *
  * `A` is the type of the output: {@link TestKernel.Service.run} given an
  * agent types it by the agent's output (and decodes the recorded JSON with
@@ -756,7 +756,7 @@ export const make = <R = never>(
       result: (executionId) =>
         Views.runResult(core, executionId, (id) => ({
           deliveries: processes.deliveries(id),
-          calls: callLog.calls(id),
+          calls: callLog.callsNow(id),
           crashed: faults.crashed(id),
           lapsed: faults.lapsed(id)
         }))

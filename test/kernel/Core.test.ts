@@ -118,6 +118,33 @@ describe("Core", () => {
         expect(yield* core.getExecution(execution.id)).toEqual(execution)
       }))
 
+    it.effect("a long event log keeps every event in order, read whole or by page; steps in submission order", () =>
+      Effect.gen(function*() {
+        const core = yield* setup()
+        const { execution, lease } = yield* start(core)
+        const submitted: Array<string> = []
+        for (let i = 0; i < 600; i++) {
+          const decision = yield* core.submitStep(execution.id, lease, tool("t", `{"i":${i}}`))
+          submitted.push(decision.stepId!)
+          yield* core.completeStep(execution.id, decision.stepId!, lease, "{\"ok\":true}")
+        }
+        const events = yield* core.eventLog(execution.id)
+        expect(events.map((e) => e.seq)).toEqual(Array.from({ length: events.length }, (_, i) => i + 1))
+        expect(events.length).toBeGreaterThan(2 * 1024)
+        const stepEvents = events.filter((e) => e.type.startsWith("step."))
+        expect(stepEvents.length).toBe(600 * 4)
+        stepEvents.forEach((e, i) => {
+          expect(e.type).toBe(["step.proposed", "step.allowed", "step.executing", "step.succeeded"][i % 4])
+          expect(JSON.parse(e.payload).step_id).toBe(submitted[Math.floor(i / 4)])
+        })
+        for (const afterSeq of [0, 1020, 1023, 2047, events.length - 3]) {
+          expect(yield* core.listEvents(execution.id, afterSeq, 10)).toEqual(events.slice(afterSeq, afterSeq + 10))
+        }
+        expect(core.unsafeStepsInOrder(execution.id).map((s) => s.stepId)).toEqual(submitted)
+        expect([...core.unsafeStepsInOrder(execution.id)].sort((a, b) => (a.stepId < b.stepId ? -1 : 1)))
+          .toEqual(yield* core.listSteps(execution.id, false))
+      }))
+
     it.effect("unknown agent and unknown execution are 404", () =>
       Effect.gen(function*() {
         const core = yield* setup()

@@ -505,6 +505,66 @@ describe("TestKernel: the current stage", () => {
     }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { deployer: policy } })))
   })
 
+  it.effect("a result's calls, steps and events are those of the moment it settled, read later or not", () => {
+    const deploy = Tool.make("deploy", { args: Schema.Struct({}), success: Schema.String, execute: () => Effect.succeed("done") })
+    const agent = Agent.make({ id: "deployer", handler: () => deploy({}) })
+    const policy = "default_action: allow\nrules:\n  - { id: gate, when: { target: deploy }, then: { decision: require_approval } }\n"
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const blocked = yield* kernel.run(agent)
+      expect(blocked.status).toBe("blocked")
+      yield* kernel.grant(blocked.approvals[0]!.id)
+      const done = yield* kernel.settle(blocked.executionId)
+      expect(done.status).toBe("completed")
+      // Read only now, after the execution moved on: still what the first settle saw.
+      expect(blocked.calls.map((c) => [c.call, c.answer, c.delivered])).toEqual([
+        ["getExecution", "ok", true],
+        ["submitStep", "blocked", true]
+      ])
+      expect(blocked.calls[1]).toMatchObject({ kind: "tool_call", target: "deploy", argsJson: "{}" })
+      expect(blocked.steps.map((s) => s.status)).toEqual(["awaiting_approval"])
+      expect(done.calls.slice(0, 2)).toEqual(blocked.calls)
+      expect(done.calls.map((c) => c.call)).toContain("completeExecution")
+      expect(done.steps.map((s) => s.status)).toEqual(["succeeded"])
+      expect(done.events.length).toBeGreaterThan(blocked.events.length)
+      expect(yield* kernel.calls(blocked.executionId)).toEqual(done.calls)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent], policies: { deployer: policy } })))
+  })
+
+  it.effect("a long run: every call is logged in order, and a fault deep into the run hits its call", () => {
+    const noop = Tool.make("noop", {
+      args: Schema.Struct({ i: Schema.Number }),
+      success: Schema.Number,
+      execute: ({ i }) => Effect.succeed(i)
+    })
+    const agent = Agent.make({
+      id: "long",
+      handler: () =>
+        Effect.gen(function*() {
+          let sum = 0
+          for (let i = 0; i < 700; i++) sum += yield* noop({ i })
+          return sum
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const run = yield* kernel.run(agent, {}, { faults: [{ call: "completeStep", index: 650, when: "after" }] })
+      expect(run.status).toBe("completed")
+      expect(run.output).toBe((699 * 700) / 2)
+      const calls = run.calls
+      expect(calls.map((c) => c.seq)).toEqual(calls.map((_, i) => i))
+      const submits = calls.filter((c) => c.call === "submitStep")
+      expect(submits.map((c) => c.index)).toEqual(submits.map((_, i) => i))
+      expect(submits[600]).toMatchObject({ kind: "tool_call", target: "noop", argsJson: "{\"i\":600}", answer: "proceed" })
+      // The 651st complete lost its answer; the retry (the next complete call) got through.
+      const completes = calls.filter((c) => c.call === "completeStep")
+      expect(completes.length).toBe(701)
+      expect(completes[650]).toMatchObject({ injected: "fault", reached: true, delivered: false, answer: "recorded" })
+      expect(completes[651]).toMatchObject({ stepId: completes[650]!.stepId, delivered: true, injected: undefined })
+      expect(yield* kernel.calls()).toEqual(calls)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+  })
+
   it.effect("a session execution of a seed-stage kit: no sessions, previous is a KernelError", () => {
     const { chat } = makeChat()
     return Effect.gen(function*() {
@@ -805,6 +865,38 @@ describe("TestKernel: the current stage", () => {
       // backoff 1 s, 2 s, 4 s, 8 s (no jitter)
       expect(tail.map((e) => at(e) - at(tail[0]!))).toEqual([0, 1_000, 3_000, 7_000, 15_000, 15_000])
     }).pipe(Effect.provide(TestKernel.layer({ settings: { random: () => 0 } }))))
+
+  it.effect("a failed delivery records the cause the kernel's HTTP deliverer gives (DeliveryError on dispatch.failed)", () => {
+    const { hello } = makeWorld()
+    const causes = (run: TestKernel.RunResult) =>
+      run.events.filter((e) => e.type === "dispatch.failed").map((e) => (e.payload as { readonly error?: unknown }).error)
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      // An injected webhook failure is a 500 answer.
+      yield* kernel.failWebhooks("hello", { times: 1 })
+      const retried = yield* kernel.run(hello, { query: "a b" })
+      expect(retried.status).toBe("completed")
+      expect(causes(retried)).toEqual([
+        { message: "the agent answered 500 Internal Server Error", reason: "http_status", status: 500 }
+      ])
+      // The agent's own answer: with another secret than the agent's, it rejects the signature.
+      const registered = yield* kernel.core.getAgent("hello")
+      yield* kernel.core.registerAgent({ id: "hello", webhookUrl: registered.webhookUrl, secret: "not-the-agent's" })
+      const rejected = yield* kernel.run(hello, { query: "a b" })
+      expect([rejected.status, rejected.failureReason]).toEqual(["failed", "dispatch_exhausted"])
+      expect(causes(rejected)[0]).toEqual({
+        message: "the agent answered 401 Unauthorized",
+        reason: "http_status",
+        status: 401
+      })
+      // An agent no process serves: nothing listens at its webhook URL.
+      yield* kernel.core.registerAgent({ id: "ghost", webhookUrl: "http://ghost.invalid/webhook", secret: "s" })
+      const ghost = yield* kernel.run("ghost", {})
+      expect(new Set(causes(ghost).map((c) => JSON.stringify(c)))).toEqual(
+        new Set([JSON.stringify({ message: "connection refused", reason: "connection_refused" })])
+      )
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [hello], settings: { random: () => 0 } })))
+  })
 
   it.effect("API keys: the kit's Client has full access with the bootstrap token; a key's client has its scopes", () => {
     const { chat } = makeChat()

@@ -26,23 +26,53 @@ export interface StepIdentity {
   readonly target: string
 }
 
+const CHUNK_BITS = 10
+const CHUNK = 1 << CHUNK_BITS
+const IN_CHUNK = CHUNK - 1
+
+/**
+ * An append-only column of the log. Its first chunk grows as an array does
+ * (a short log costs what an array costs); the chunks after it are allocated
+ * whole, so that a long log is never copied to grow.
+ */
+class Column<A> {
+  private readonly chunks: Array<Array<A>> = [[]]
+
+  /** Append `value` as the element at `index`, the column's length. */
+  push(index: number, value: A): void {
+    if (index < CHUNK) {
+      this.chunks[0]!.push(value)
+      return
+    }
+    const offset = index & IN_CHUNK
+    if (offset === 0) this.chunks.push(new Array<A>(CHUNK))
+    this.chunks[index >>> CHUNK_BITS]![offset] = value
+  }
+
+  /** The element at `index` (`undefined` out of range, as an array's). */
+  at(index: number): A {
+    return this.chunks[index >>> CHUNK_BITS]?.[index & IN_CHUNK] as A
+  }
+}
+
 /**
  * @since 0.1.0
  * @internal
  */
 export class EventLog {
-  private readonly types: Array<string> = []
-  private readonly times: Array<number> = []
+  private count = 0
+  private readonly types = new Column<string>()
+  private readonly times = new Column<number>()
   /** The payload text, or the step a step event is about. */
-  private readonly data: Array<string | StepIdentity> = []
+  private readonly data = new Column<string | StepIdentity>()
   /** A step event's payload options (`undefined` for none). */
-  private readonly options: Array<Payload.StepPayloadOptions | undefined> = []
+  private readonly options = new Column<Payload.StepPayloadOptions | undefined>()
 
   constructor(readonly executionId: string) {}
 
   /** The number of events; the last one's `seq`. */
   get length(): number {
-    return this.types.length
+    return this.count
   }
 
   /** Append an event with its payload text. */
@@ -56,8 +86,8 @@ export class EventLog {
   }
 
   /** The events with index in `[from, to)` (seq `from + 1` …), as records. */
-  slice(from: number, to: number = this.types.length): Array<EventRecord> {
-    const end = Math.min(to, this.types.length)
+  slice(from: number, to: number = this.count): Array<EventRecord> {
+    const end = Math.min(to, this.count)
     const out: Array<EventRecord> = []
     for (let i = Math.max(0, from); i < end; i++) out.push(this.at(i))
     return out
@@ -65,7 +95,7 @@ export class EventLog {
 
   /** The type of the event at `index` (seq `index + 1`). */
   typeAt(index: number): string {
-    return this.types[index]!
+    return this.types.at(index)
   }
 
   /**
@@ -74,7 +104,7 @@ export class EventLog {
    * PROTOCOL-CURRENT C.7.2).
    */
   dataAt(index: number): { readonly data: string | StepIdentity; readonly options: Payload.StepPayloadOptions | undefined } {
-    return { data: this.data[index]!, options: this.options[index] }
+    return { data: this.data.at(index), options: this.options.at(index) }
   }
 
   private append(
@@ -83,22 +113,23 @@ export class EventLog {
     data: string | StepIdentity,
     options: Payload.StepPayloadOptions | undefined
   ): void {
-    this.types.push(type)
-    this.times.push(occurredAtMs)
-    this.data.push(data)
-    this.options.push(options)
+    const index = this.count++
+    this.types.push(index, type)
+    this.times.push(index, occurredAtMs)
+    this.data.push(index, data)
+    this.options.push(index, options)
   }
 
   private at(index: number): EventRecord {
-    const data = this.data[index]!
+    const data = this.data.at(index)
     return {
       executionId: this.executionId,
       seq: index + 1,
-      type: this.types[index]!,
+      type: this.types.at(index),
       payload: typeof data === "string" ?
         data :
-        flat(Payload.stepPayload(data.stepId, data.kind, data.target, this.options[index])),
-      occurredAtMs: this.times[index]!
+        flat(Payload.stepPayload(data.stepId, data.kind, data.target, this.options.at(index))),
+      occurredAtMs: this.times.at(index)
     }
   }
 }

@@ -7,7 +7,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { ApprovalStatus, DecisionKind, ExecutionStatus, StepStatus } from "../../Protocol.js"
 import type * as Policy from "../Policy.js"
 

@@ -85,6 +85,16 @@ const proceedWith = (stepId: string, resources: Decision["resources"] | undefine
   resources === undefined ? { decision: "proceed", stepId } : { decision: "proceed", stepId, resources }
 
 /**
+ * The payload options of a decision event (`step.allowed`,
+ * `step.awaiting_approval`): the rule, and in the current stage its reason
+ * and the bundle's hash (C.8.4). A current-stage result is passed as it is —
+ * it carries exactly those three of the options — so that the event of every
+ * step allowed by the same result keeps no object of its own.
+ */
+const decisionOptions = (result: Policy.PolicyResult, current: boolean): Payload.StepPayloadOptions =>
+  current ? result : { ruleId: result.ruleId }
+
+/**
  * Mark a step's counter key as having an unknown outcome (7.3 step 10).
  *
  * @since 0.2.0
@@ -209,8 +219,7 @@ const submitWith = (
     if (checked instanceof KernelFailure) return checked
     argsHash = checked
   } else argsHash = StepId.argsHash(s.argsRaw)
-  const counter = d.counters.counter(s.kind, s.target, argsHash)
-  const occurrence = counter.last + 1
+  const occurrence = d.counters.last(s.kind, s.target, argsHash) + 1
   const stepId = same && expected.occurrence === occurrence
     ? expected.stepId
     : StepId.make({ executionId, kind: s.kind, target: s.target, argsHash, occurrence })
@@ -218,7 +227,7 @@ const submitWith = (
   const existing = same && expected.stepId === stepId ? expected : ex.steps.get(stepId)
   if (existing !== undefined) {
     const decision = replayExisting(state, ex, existing, idempotency, now)
-    counter.last = occurrence
+    d.counters.consume(existing)
     d.counters.cursor = existing.position + 1
     return decision
   }
@@ -291,12 +300,7 @@ const submitWith = (
       created.set("executing", undefined, undefined, now, undefined)
       addStep(ex, d, created)
       ex.events.pushStep("step.proposed", now, created)
-      ex.events.pushStep(
-        "step.allowed",
-        now,
-        created,
-        current ? { ruleId: result.ruleId, reason: result.reason, policyHash: result.policyHash } : { ruleId: result.ruleId }
-      )
+      ex.events.pushStep("step.allowed", now, created, decisionOptions(result, current))
       if (ex.resources === undefined) {
         ex.events.pushStep("step.executing", now, created)
         decision = withStepId("proceed", stepId)
@@ -327,12 +331,7 @@ const submitWith = (
       created.set("awaiting_approval", undefined, undefined, undefined, undefined)
       addStep(ex, d, created)
       ex.events.pushStep("step.proposed", now, created)
-      ex.events.pushStep(
-        "step.awaiting_approval",
-        now,
-        created,
-        current ? { ruleId: result.ruleId, reason: result.reason, policyHash: result.policyHash } : { ruleId: result.ruleId }
-      )
+      ex.events.pushStep("step.awaiting_approval", now, created, decisionOptions(result, current))
       const approval = Approvals.request(state, ex, stepId, result.approval, now)
       decision = { decision: "blocked", stepId, approvalId: approval.id }
       break
@@ -344,7 +343,7 @@ const submitWith = (
         message: "unknown policy decision: " + result.decision
       })
   }
-  counter.last = occurrence
+  d.counters.consume(created)
   return decision
 }
 
@@ -480,3 +479,13 @@ export const list = (state: CoreState, executionId: string, terminalOnly: boolea
   }
   return steps.sort((a, b) => (a.stepId < b.stepId ? -1 : a.stepId > b.stepId ? 1 : 0))
 }
+
+/**
+ * Copies of the steps of an execution in the order they were first
+ * submitted; empty for an unknown execution.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const inOrder = (state: CoreState, executionId: string): ReadonlyArray<StepRecord> =>
+  state.executions.byId.get(executionId)?.order.map((step) => step.snapshot()) ?? []

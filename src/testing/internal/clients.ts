@@ -108,7 +108,10 @@ export const make = (options: {
 }): Effect.Effect<Clients> =>
   Effect.gen(function*() {
     const { core, interceptor, secret } = options
-    const routes = Routes.make(core, options.apiToken === undefined ? {} : { apiToken: options.apiToken })
+    // Built on first request: a kit on the direct transport often sends none.
+    let handle: ((request: Routes.KernelRequest) => Effect.Effect<Routes.KernelResponse>) | undefined
+    const routes = (request: Routes.KernelRequest): Effect.Effect<Routes.KernelResponse> =>
+      (handle ??= Routes.make(core, options.apiToken === undefined ? {} : { apiToken: options.apiToken }))(request)
     const httpClient = InMemoryHttp.make(routes)
     // The direct client counts the calls that can suspend itself; over HTTP every call is counted.
     const kernelClient = options.transport === "http"

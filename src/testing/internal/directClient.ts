@@ -183,12 +183,13 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
 export const fromWire = <A, I>(schema: Schema.Codec<A, I>, text: string): A =>
   Schema.decodeUnknownSync(schema)(JSON.parse(text))
 
+/** The submission as the core takes it: always the same shape, no declared resources as `undefined`. */
 const toCore = (s: StepSubmission) => ({
   kind: s.kind,
   target: s.target,
   argsRaw: s.argsJson,
   idempotency: s.idempotency,
-  ...(s.resources === undefined || s.resources.length === 0 ? {} : { resources: s.resources })
+  resources: s.resources === undefined || s.resources.length === 0 ? undefined : s.resources
 })
 
 const toExecution = (r: Core.ExecutionRecord): Protocol.Execution =>

@@ -192,20 +192,15 @@ export const make = (options: {
   const interceptor: Interceptor = {
     before: (info, now) => {
       activity.progress++
-      const record = callLog.append(info, now)
-      return planned(info.executionId, record.key) ? injectBefore(info, record) : record.seq
+      const seq = callLog.append(info, now)
+      return planned(info.executionId, callLog.keyOf(seq)) ? injectBefore(info, callLog.get(seq)!) : seq
     },
     after: (id, answer, stepId) => {
       activity.progress++
-      const record = callLog.get(id)
-      if (record === undefined || !record.pending) return
-      record.pending = false
-      record.reached = true
-      record.answer = answer
-      record.answerSeq = callLog.size
-      if (record.stepId === undefined && stepId !== undefined) record.stepId = stepId
-      if (record.loseAnswer || planned(record.executionId, record.key)) return injectAfter(record)
-      record.delivered = true
+      if (!callLog.isPending(id)) return
+      const inject = callLog.losesAnswer(id) || planned(callLog.executionIdOf(id), callLog.keyOf(id))
+      callLog.answered(id, answer, stepId, !inject)
+      if (inject) return injectAfter(callLog.get(id)!)
     },
     track: activity.countInFlight
   }

@@ -9,11 +9,12 @@
  * @since 0.2.0
  * @internal
  */
+import { STATUS_CODES } from "node:http"
 import { Array as Arr, Clock, Context, Deferred, Effect, Exit, Option, Scope } from "effect"
 import * as Agent from "../../Agent.js"
 import * as Client from "../../Client.js"
 import * as Core from "../../kernel/Core.js"
-import type * as Dispatcher from "../../kernel/Dispatcher.js"
+import * as Dispatcher from "../../kernel/Dispatcher.js"
 import * as Wire from "../../kernel/Wire.js"
 import { KernelClient } from "../../KernelClient.js"
 import * as Signature from "../../Signature.js"
@@ -41,6 +42,23 @@ interface Stall {
 }
 
 const encoder = new TextEncoder()
+
+/**
+ * An answer other than 2xx, as the kernel's HTTP deliverer reports it
+ * (`the agent answered 500 Internal Server Error`).
+ */
+const answeredWith = (status: number): Dispatcher.DeliveryError => {
+  const text = STATUS_CODES[status]
+  return new Dispatcher.DeliveryError({
+    reason: "http_status",
+    message: `the agent answered ${text === undefined ? String(status) : `${status} ${text}`}`,
+    status
+  })
+}
+
+/** No process serves the agent: nothing listens at its webhook URL. */
+const refused = (): Dispatcher.DeliveryError =>
+  new Dispatcher.DeliveryError({ reason: "connection_refused", message: "connection refused" })
 
 /**
  * The lease timeout of an execution's dispatches: its agent's, or the kernel's.
@@ -94,7 +112,13 @@ export interface Processes {
   readonly anyStalls: () => boolean
   /** Runs of the current processes, and of cut-off processes that are awake (a frozen one is not waited for). */
   readonly activeRuns: Effect.Effect<number>
-  /** The dispatcher's delivery: wakes the stalled runs of the execution, then hands the webhook to its agent. */
+  /**
+   * The dispatcher's delivery: wakes the stalled runs of the execution, then
+   * hands the webhook to its agent. A failed delivery fails with the
+   * `DeliveryError` the kernel's HTTP deliverer would give: an injected
+   * webhook failure as a `500` answer, an agent no process serves as a
+   * refused connection, another answer than 2xx with its status.
+   */
   readonly deliver: Dispatcher.Deliver
   /** Send a signed webhook for an execution straight to its agent's process. */
   readonly webhook: TestKernel.Service["webhook"]
@@ -219,13 +243,14 @@ export const make = (options: {
       const failing = webhookFailures.get(claim.agent.id)
       if (failing !== undefined && failing.remaining > 0) {
         failing.remaining--
-        return false
+        return yield* answeredWith(500)
       }
       const entry = served.get(claim.agent.id)
-      if (entry === undefined) return false
+      if (entry === undefined) return yield* refused()
       deliveryCounts.set(claim.executionId, (deliveryCounts.get(claim.executionId) ?? 0) + 1)
       const status = yield* entry.current.runtime.handleWebhook({ body: encoder.encode(body), signature })
-      return status >= 200 && status < 300
+      if (status >= 200 && status < 300) return true
+      return yield* answeredWith(status)
     })
 
   const webhook: TestKernel.Service["webhook"] = (executionId, notice) =>

@@ -151,7 +151,8 @@ export const sessionMembers = (
  */
 export interface RunFacts {
   readonly deliveries: number
-  readonly calls: ReadonlyArray<KernelCall>
+  /** The calls of the execution as they were at settling, read on first use. */
+  readonly calls: () => ReadonlyArray<KernelCall>
   readonly crashed: boolean
   readonly lapsed: boolean
 }
@@ -171,12 +172,14 @@ export const runResult = (
     const current = yield* execution(core, executionId)
     // Steps are copied now and events counted now (the log only grows); both
     // are decoded through the wire on first use: most tests never read them all.
-    const stepRecords = yield* core.listSteps(executionId, false)
+    // (In submission order: `inCallOrder` sorts them completely.)
+    const stepRecords = core.unsafeStepsInOrder(executionId)
     const log = core.unsafeEventLog(executionId)
     const eventCount = log?.length ?? 0
     let eventRecords: ReadonlyArray<Core.EventRecord> | undefined
     const records = () => (eventRecords ??= log?.slice(0, eventCount) ?? [])
-    const result: Omit<RunResult, "steps" | "events"> = {
+    const { calls, ...known } = facts(executionId)
+    const result: Omit<RunResult, "steps" | "events" | "calls"> = {
       executionId,
       status: current.status as Protocol.ExecutionStatus,
       output: current.output,
@@ -184,10 +187,11 @@ export const runResult = (
       ...(current.failureReason === "" ? {} : { failureReason: current.failureReason }),
       execution: current,
       approvals: yield* approvals(core, executionId),
-      ...facts(executionId)
+      ...known
     }
     return Object.defineProperties(result as RunResult, {
       steps: lazyProperty(() => inCallOrder(stepRecords, records())),
-      events: lazyProperty(() => records().map(decodeEvent))
+      events: lazyProperty(() => records().map(decodeEvent)),
+      calls: lazyProperty(calls)
     })
   })
