@@ -298,6 +298,23 @@ export const httpDeliver = (
     )
   })
 
+/**
+ * {@link httpDeliver} on an undici client built in the current scope on the
+ * first delivery, not before: a kernel that has not delivered yet has not
+ * loaded undici, so it starts sooner.
+ */
+const lazyHttpDeliver = (timeoutMs: number | undefined): Effect.Effect<Deliver, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const scope = yield* Effect.scope
+    const built = yield* Effect.cached(
+      Effect.flatMap(
+        Layer.buildWithScope(NodeHttpClient.layerUndici, scope),
+        (context) => httpDeliver({ timeoutMs }).pipe(Effect.provideContext(context))
+      )
+    )
+    return (claim, body, signature) => Effect.flatMap(built, (deliver) => deliver(claim, body, signature))
+  })
+
 /** The webhook URL with any user info masked: it goes into logs. */
 const loggableUrl = (url: string): string => {
   try {
@@ -342,10 +359,7 @@ export const make = (
   options: Options = {}
 ): Effect.Effect<Dispatcher, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const deliver = options.deliver ??
-      (yield* httpDeliver({ timeoutMs: options.timeoutMs }).pipe(
-        Effect.provideContext(yield* Layer.build(NodeHttpClient.layerUndici))
-      ))
+    const deliver = options.deliver ?? (yield* lazyHttpDeliver(options.timeoutMs))
     const concurrency = Math.max(1, options.concurrency ?? defaults.concurrency)
     const semaphore = yield* Semaphore.make(concurrency)
     // PROTOCOL-CURRENT C.10: the current stage polls about every 250 ms and

@@ -16,6 +16,11 @@
  * and fork routes exist (C.3, C.9.2, C.6, C.7), with captures on step
  * outcomes (C.6.5); the seed and v0.14.0 stages answer as before.
  *
+ * The step submit and outcome routes, which an agent calls on every step,
+ * also have a synchronous form ({@link makeHandlers}): it answers a request
+ * that passes every check without building an Effect per check, and leaves
+ * anything else to the general path, which then answers from the start.
+ *
  * @since 0.1.0
  */
 import * as Clock from "effect/Clock"
@@ -30,7 +35,7 @@ import * as Uuid from "../internal/wire/uuid.js"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Decisions from "./internal/decisions.js"
-import { conflict, forbidden, notFound } from "./internal/model.js"
+import { conflict, forbidden, KernelFailure, notFound } from "./internal/model.js"
 import * as Resources from "./internal/resources.js"
 import * as Wire from "./Wire.js"
 
@@ -390,6 +395,14 @@ const noStore = (response: KernelResponse): KernelResponse => ({
   headers: { ...response.headers, "cache-control": "no-store" }
 })
 
+/** The members of a step outcome body, as raw JSON text. */
+interface OutcomeBody {
+  readonly result?: string
+  readonly error?: string
+  readonly captures?: string
+  readonly capture_failures?: string
+}
+
 /** A JSON boolean member: `null` or absent = `undefined`; anything but `true`/`false` is `null` (a `400`). */
 const decodeBool = (raw: string | undefined): boolean | undefined | null =>
   raw === undefined || raw === "null" ? undefined : raw === "true" ? true : raw === "false" ? false : null
@@ -482,7 +495,35 @@ const decodeMetadata = (
 export const make = (
   core: Core.KernelCore,
   options: Options = {}
-): (req: KernelRequest) => Effect.Effect<KernelResponse> => {
+): (req: KernelRequest) => Effect.Effect<KernelResponse> => makeHandlers(core, options).handle
+
+/**
+ * The request handlers of a kernel core, sharing one request counter.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Handlers {
+  /** Every route ({@link make}). */
+  readonly handle: (req: KernelRequest) => Effect.Effect<KernelResponse>
+  /**
+   * The hot agent routes (step submit, complete and fail) as a plain
+   * function of the current time (epoch ms), for a server on a hot path: the
+   * answer `handle` would give when the request is authentic and well formed
+   * (the body already read), or `undefined` — nothing changed — when any
+   * check fails or the route is another one; `handle` then answers.
+   */
+  readonly handleSync: (req: KernelRequest, now: number) => KernelResponse | undefined
+}
+
+/**
+ * Builds the request handlers of a kernel core: {@link make}'s handler and
+ * its synchronous path for the step routes (see {@link Handlers}).
+ *
+ * @since 0.2.0
+ * @category constructors
+ */
+export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Handlers => {
   const configured = options.apiToken === undefined ? "" : Redacted.value(options.apiToken)
   const token = configured === "" ? undefined : configured
   const compat = () => core.settings.stage === "v0.14.0"
@@ -602,19 +643,24 @@ export const make = (
         : Effect.fail(forbidden()))
   }
 
-  /** Lease headers of 6.0 (or the v0.14.0 rules of 17.A). */
-  const lease = (ctx: Ctx, route: "submit" | "other"): Effect.Effect<Core.Lease, Reject> => {
-    const rawId = firstHeader(ctx.req, "rebuno-dispatch-id")
+  /** Lease headers of 6.0 (or the v0.14.0 rules of 17.A): the lease, or the `400` to answer. */
+  const leaseOf = (req: KernelRequest, route: "submit" | "other"): Core.Lease | KernelResponse => {
+    const rawId = firstHeader(req, "rebuno-dispatch-id")
     const parsed = rawId === "" ? undefined : Uuid.parseUuid(rawId)
     const dispatchId = parsed === NIL_UUID ? undefined : parsed
     if (compat()) {
-      if (route === "submit" && dispatchId === undefined) return reject(missingDispatchIdCompat)
-      return Effect.succeed({ dispatchId: dispatchId ?? "", attempt: undefined })
+      if (route === "submit" && dispatchId === undefined) return missingDispatchIdCompat
+      return { dispatchId: dispatchId ?? "", attempt: undefined }
     }
-    if (dispatchId === undefined) return reject(badDispatchId)
-    const attempt = parseGoInt(firstHeader(ctx.req, "rebuno-dispatch-attempt"))
-    if (attempt === undefined || attempt <= 0) return reject(badDispatchAttempt)
-    return Effect.succeed({ dispatchId, attempt })
+    if (dispatchId === undefined) return badDispatchId
+    const attempt = parseGoInt(firstHeader(req, "rebuno-dispatch-attempt"))
+    if (attempt === undefined || attempt <= 0) return badDispatchAttempt
+    return { dispatchId, attempt }
+  }
+
+  const lease = (ctx: Ctx, route: "submit" | "other"): Effect.Effect<Core.Lease, Reject> => {
+    const l = leaseOf(ctx.req, route)
+    return "status" in l ? reject(l) : Effect.succeed(l)
   }
 
   // --- handlers ---------------------------------------------------------------
@@ -1152,7 +1198,7 @@ export const make = (
     return Effect.succeed(allowed.length > 0 ? methodNotAllowed(allowed) : notFoundPage)
   }
 
-  return (req: KernelRequest): Effect.Effect<KernelResponse> =>
+  const general = (req: KernelRequest): Effect.Effect<KernelResponse> =>
     Effect.suspend(() => {
       requestCount++
       return dispatch(req)
@@ -1160,4 +1206,139 @@ export const make = (
       Effect.catch((e) => Effect.succeed(e._tag === "Reject" ? e.response : failureResponse(e))),
       Effect.catchDefect(() => Effect.succeed(internalError))
     )
+
+  // --- the synchronous path of the step routes -------------------------------
+
+  /**
+   * {@link agent} and {@link owned} together, as one synchronous effect:
+   * `true` when the request is an authentic agent request (3.3, 17.B;
+   * PROTOCOL-CURRENT C.2.1) on an execution the agent may act on (C.9.3).
+   */
+  const agentCheck = (
+    req: KernelRequest,
+    body: Uint8Array,
+    now: number,
+    id: string
+  ): Effect.Effect<boolean, Core.KernelFailure> => {
+    const agentId = firstHeader(req, "rebuno-agent-id")
+    const signature = firstHeader(req, "rebuno-signature")
+    if (agentId === "" || signature === "") return Effect.succeed(false)
+    const ownedBy: Effect.Effect<boolean, Core.KernelFailure> = current()
+      ? Effect.map(core.getExecution(id), (execution) => execution.agentId === agentId)
+      : Effect.succeed(true)
+    const verified = (ok: boolean) => ok ? ownedBy : Effect.succeed(false)
+    if (signature.startsWith("sha256=") && !current()) {
+      return Effect.flatMap(core.getAgent(agentId), (record) =>
+        Effect.flatMap(Signature.verify(record.secret, body, signature), verified))
+    }
+    if (!signature.startsWith("v1=") || req.headers("rebuno-signature").length !== 1) return Effect.succeed(false)
+    const timestamp = req.headers("rebuno-timestamp")
+    const dispatchId = req.headers("rebuno-dispatch-id")
+    const dispatchAttempt = req.headers("rebuno-dispatch-attempt")
+    if (timestamp.length > 1 || dispatchId.length > 1 || dispatchAttempt.length > 1) return Effect.succeed(false)
+    return Effect.flatMap(core.getAgent(agentId), (record) =>
+      Effect.flatMap(
+        Signature.verifyV1(
+          record.secret,
+          {
+            method: req.method,
+            target: req.url,
+            timestamp: timestamp[0] ?? "",
+            dispatchId: dispatchId[0] ?? "",
+            dispatchAttempt: dispatchAttempt[0] ?? "",
+            body
+          },
+          signature,
+          Math.floor(now / 1000)
+        ),
+        verified
+      ))
+  }
+
+  /** Whether a synchronous effect succeeds with `true` (not when it fails or would wait). */
+  const holdsNow = (effect: Effect.Effect<boolean, Core.KernelFailure>): boolean => {
+    const exit = Effect.runSyncExit(effect)
+    return exit._tag === "Success" && exit.value
+  }
+
+  /**
+   * The step submit and the step outcome routes, answered synchronously at
+   * time `now` when every check before the core passes: the same checks in
+   * the same order as their routes, then the same core transition and answer
+   * (the core's refusals included). `undefined` whenever a check fails (or a
+   * judge is configured, which may need to wait): the general path then
+   * answers, from the start, with nothing changed yet.
+   */
+  const handleSync = (req: KernelRequest, now: number): KernelResponse | undefined => {
+    const body = req.body
+    if (req.method !== "POST" || !(body instanceof Uint8Array) || body.length > maxBodyBytes) return undefined
+    if (core.settings.judge !== undefined) return undefined
+    const url = req.url
+    // The plain form only: no query, fragment or escapes to decode, no absolute form.
+    if (!url.startsWith("/v0/executions/") || /[?#%]/.test(url)) return undefined
+    const segments = url.split("/")
+    const settle = segments.length === 7 && (segments[6] === "complete" || segments[6] === "fail")
+    if (!(segments.length === 5 || settle) || segments[4] !== "steps" || segments[3] === "") return undefined
+    if (settle && segments[5] === "") return undefined
+    const id = Uuid.parseUuid(segments[3]!)
+    if (id === undefined) return undefined
+    let answer: Core.Decision | Core.KernelFailure
+    try {
+      if (!settle) {
+        const b = decodeStrict(body, {
+          kind: "string",
+          target: "string",
+          args: "any",
+          idempotency: "string",
+          resources: "any"
+        })
+        if (b === undefined) return undefined
+        const resources = b.resources === undefined ? undefined : current() ? resourceKeys(b.resources) : undefined
+        if (b.resources !== undefined && resources === undefined) return undefined
+        if (current() && Decisions.checkKind(b.kind ?? "") !== undefined) return undefined
+        const l = leaseOf(req, "submit")
+        if ("status" in l || !holdsNow(agentCheck(req, body, now, id))) return undefined
+        requestCount++
+        answer = core.unsafeSubmitStep(now, id, l, {
+          kind: b.kind ?? "",
+          target: b.target ?? "",
+          argsRaw: b.args,
+          idempotency: b.idempotency ?? "",
+          resources
+        })
+      } else {
+        const outcome = segments[6] === "complete" ? "succeeded" : "failed"
+        // `result` (or `error`), plus the captures in the current stage (C.6.5)
+        const b: OutcomeBody | undefined = current()
+          ? outcome === "succeeded"
+            ? decodeStrict(body, { result: "any", captures: "any", capture_failures: "any" })
+            : decodeStrict(body, { error: "any", captures: "any", capture_failures: "any" })
+          : outcome === "succeeded"
+          ? decodeStrict(body, { result: "any" })
+          : decodeStrict(body, { error: "any" })
+        if (b === undefined) return undefined
+        const records = current() ? decodeCaptures(b.captures, b.capture_failures) : {}
+        if (records === undefined) return undefined
+        const value = outcome === "succeeded" ? b.result : b.error
+        const captures = records.captures === undefined && records.captureFailures === undefined ? undefined : records
+        const l = leaseOf(req, "other")
+        if ("status" in l || !holdsNow(agentCheck(req, body, now, id))) return undefined
+        requestCount++
+        answer = core.unsafeSettleStep(now, id, segments[5]!, l, outcome, value, captures)
+      }
+      return answer instanceof KernelFailure ? failureResponse(answer) : json(200, Wire.encodeDecision(answer))
+    } catch {
+      return internalError
+    }
+  }
+
+  const handle = (req: KernelRequest): Effect.Effect<KernelResponse> =>
+    req.body instanceof Uint8Array && req.method === "POST" && req.url.startsWith("/v0/executions/")
+      ? Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        const response = handleSync(req, now)
+        return response === undefined ? general(req) : Effect.succeed(response)
+      })
+      : general(req)
+
+  return { handle, handleSync }
 }

@@ -7,10 +7,18 @@
  * content types, `204`/`405` with no content type at all, and the SSE stream
  * with its headers flushed at once.
  *
+ * The hot agent routes — step submit, complete and fail, two requests per
+ * step — take a shorter way on {@link layer}'s server: a Node listener in
+ * front of `effect/http` reads their body and answers them synchronously
+ * (`Routes.Handlers.handleSync`) with the same bytes, status and headers,
+ * without a fiber or the platform's request and response objects; any request
+ * it declines goes on to the `effect/http` handler with the body it read.
+ *
  * @since 0.1.0
  */
 import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import * as NodeHttpServerRequest from "@effect/platform-node/NodeHttpServerRequest"
+import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as HttpServer from "effect/http/HttpServer"
 import type * as HttpServerError from "effect/http/HttpServerError"
@@ -155,12 +163,115 @@ export const toKernelRequest = (request: HttpServerRequest.HttpServerRequest): R
     const value = request.headers[key]
     return value === undefined ? [] : [value]
   }
+  const read = source === undefined ? undefined : bodiesRead.get(source)
   return {
     method: request.method,
     url: source?.url ?? request.url,
     headers,
-    body: source !== undefined ? readNodeBody(source) : readGenericBody(request)
+    body: read ?? (source !== undefined ? readNodeBody(source) : readGenericBody(request))
   }
+}
+
+/** Bodies the synchronous path read before handing its request on to the general one. */
+const bodiesRead = new WeakMap<NodeSource, Uint8Array>()
+
+/** Largest body the synchronous path reads (a step outcome or submission is far smaller). */
+const maxSyncBodyBytes = 256 * 1024
+
+/**
+ * Whether a request may be one of the hot step routes (see
+ * `Routes.Handlers.handleSync`): an HTTP/1 `POST` under `/v0/executions/`
+ * ending in `/steps`, `/complete` or `/fail` with a small declared body.
+ */
+const syncCandidate = (source: NodeSource): boolean => {
+  if (source.method !== "POST" || source.httpVersionMajor !== 1) return false
+  const url = source.url ?? ""
+  if (!url.startsWith("/v0/executions/")) return false
+  if (!url.endsWith("/steps") && !url.endsWith("/complete") && !url.endsWith("/fail")) return false
+  const raw = source.rawHeaders
+  const length = rawValues(raw, "content-length")
+  if (length.length !== 1 || rawValues(raw, "transfer-encoding").length > 0) return false
+  const n = Number(length[0])
+  return Number.isInteger(n) && n >= 0 && n <= maxSyncBodyBytes
+}
+
+/**
+ * Every value of a header in a Node request's `rawHeaders`, in order — what
+ * `headersDistinct` holds for it — without building the header objects.
+ */
+const rawValues = (raw: ReadonlyArray<string>, key: string): ReadonlyArray<string> => {
+  let out: Array<string> | undefined
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!
+    if (name.length === key.length && (name === key || name.toLowerCase() === key)) (out ??= []).push(raw[i + 1]!)
+  }
+  return out ?? noValues
+}
+
+const noValues: ReadonlyArray<string> = []
+
+const ignore = () => {}
+
+/**
+ * A Node `request` listener answering the hot step routes synchronously once
+ * their body is read — with the bytes, status and headers the general path
+ * writes for a JSON answer — and handing every other request (and every hot
+ * one the synchronous path declines, with its body) to `general`.
+ */
+const syncListener = (
+  handlers: Routes.Handlers,
+  now: () => number,
+  general: (request: Http.IncomingMessage, response: Http.ServerResponse) => void
+) =>
+(request: Http.IncomingMessage, response: Http.ServerResponse): void => {
+  if (!syncCandidate(request)) return general(request, response)
+  const chunks: Array<Buffer> = []
+  let size = 0
+  const cleanup = () => {
+    request.off("data", onData)
+    request.off("end", onEnd)
+    request.off("error", onError)
+  }
+  const onData = (chunk: Buffer) => {
+    chunks.push(chunk)
+    size += chunk.length
+  }
+  const onError = () => {
+    cleanup()
+    // A later error of the same request must not go unhandled; the general path answers this one.
+    request.on("error", ignore)
+    general(request, response)
+  }
+  const onEnd = () => {
+    cleanup()
+    const all = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
+    const body = new Uint8Array(all.buffer, all.byteOffset, all.byteLength)
+    let answer: Routes.KernelResponse | undefined
+    try {
+      const raw = request.rawHeaders
+      answer = handlers.handleSync({
+        method: "POST",
+        url: request.url ?? "",
+        headers: (name) => rawValues(raw, name.toLowerCase()),
+        body
+      }, now())
+    } catch {
+      answer = undefined
+    }
+    // Declined (nothing changed): the general path answers from the start. An answer is never
+    // handed on — the request may have changed the kernel — and is always a JSON body.
+    if (answer === undefined || typeof answer.body !== "string") {
+      bodiesRead.set(request, body)
+      return general(request, response)
+    }
+    const bytes = Buffer.from(answer.body, "utf8")
+    response.strictContentLength = true
+    response.writeHead(answer.status, { ...answer.headers, "content-length": String(bytes.length) })
+    response.end(bytes)
+  }
+  request.on("data", onData)
+  request.on("end", onEnd)
+  request.on("error", onError)
 }
 
 /**
@@ -228,11 +339,36 @@ const nodeResponseOf = (request: HttpServerRequest.HttpServerRequest): Http.Serv
 export const makeHttpEffect = (
   core: Core.KernelCore,
   options: Routes.Options = {}
-): Effect.Effect<HttpServerResponse.HttpServerResponse, never, HttpServerRequest.HttpServerRequest> => {
-  const handle = Routes.make(core, options)
-  return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
+): Effect.Effect<HttpServerResponse.HttpServerResponse, never, HttpServerRequest.HttpServerRequest> =>
+  httpEffectOf(Routes.make(core, options))
+
+const httpEffectOf = (
+  handle: (req: Routes.KernelRequest) => Effect.Effect<Routes.KernelResponse>
+): Effect.Effect<HttpServerResponse.HttpServerResponse, never, HttpServerRequest.HttpServerRequest> =>
+  Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
     Effect.map(handle(toKernelRequest(request)), (response) => toServerResponse(response, request)))
-}
+
+/**
+ * Puts {@link syncListener} in front of the `request` listener `effect/http`
+ * registered on the server (the only one), with the `Clock` of the layer.
+ * Removed again when the layer is released.
+ */
+const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
+  Layer.effectDiscard(Effect.gen(function*() {
+    const listeners = server.listeners("request")
+    if (listeners.length !== 1) return
+    const general = listeners[0] as (request: Http.IncomingMessage, response: Http.ServerResponse) => void
+    const clock = yield* Clock.Clock
+    const listener = syncListener(handlers, () => clock.currentTimeMillisUnsafe(), general)
+    server.off("request", general)
+    server.on("request", listener)
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        server.off("request", listener)
+        server.on("request", general)
+      })
+    )
+  }))
 
 /**
  * Serves the kernel on `host:port` with Node's HTTP server — on the loopback
@@ -247,12 +383,14 @@ export const makeHttpEffect = (
 export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError> =>
   Layer.unwrap(Effect.sync(() => {
     const server = Http.createServer()
+    const handlers = Routes.makeHandlers(options.core, { apiToken: options.apiToken })
     // Built last, so released first: before `serve` stops and the server closes.
     const closeConnections = Layer.effectDiscard(
       Effect.addFinalizer(() => Effect.sync(() => server.closeAllConnections()))
     )
     return closeConnections.pipe(
-      Layer.provideMerge(HttpServer.serve(makeHttpEffect(options.core, { apiToken: options.apiToken }))),
+      Layer.provideMerge(installSyncPath(server, handlers)),
+      Layer.provideMerge(HttpServer.serve(httpEffectOf(handlers.handle))),
       Layer.provideMerge(
         NodeHttpServer.layerServer(() => server, {
           port: options.port,
