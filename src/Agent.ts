@@ -44,16 +44,19 @@ import {
   Effect,
   Exit,
   FiberMap,
+  identity,
   JsonSchema,
   Layer,
   Logger,
   ManagedRuntime,
   Option,
   Ref,
+  References,
   Result,
   Schema,
   Scope,
-  Stream
+  Stream,
+  Tracer
 } from "effect"
 import { Headers, HttpBody, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { HttpServerError } from "effect/http"
@@ -75,6 +78,8 @@ import { makeRunState } from "./internal/run/runtime.js"
 import * as Tracing from "./internal/http/tracing.js"
 import type { RunState } from "./internal/run/runtime.js"
 import { CurrentRetryBudget, isTransportFailure, retryTransport } from "./internal/http/exchange.js"
+import type { RetryBudget } from "./internal/http/exchange.js"
+import * as Heartbeats from "./internal/run/heartbeats.js"
 
 /**
  * An agent: its id, its handler and optional schemas for its input, output
@@ -296,10 +301,14 @@ export const runtime = <In, A, E, R>(
       KernelClient | R
     >
     const runs = yield* FiberMap.make<string, void, never>()
+    // One timer for the heartbeats of every run (not a fiber per run).
+    const heartbeats = yield* Heartbeats.make
     const active = new Map<string, ActiveRun>()
     const publishMetadata = yield* metadataPublisher(agent, kernel)
     // How the runs ride out a kernel outage (issue 13), as configured where the runtime is built.
     const retry = yield* OutcomeRetry
+    // Whether spans started in a run are observed (not under Effect's built-in tracer).
+    const recording = Tracing.isRecording(Context.get(context, Tracer.Tracer), Context.get(context, References.TracerEnabled))
 
     const handleWebhook = (request: WebhookRequest): Effect.Effect<number> =>
       Effect.gen(function*() {
@@ -347,24 +356,30 @@ export const runtime = <In, A, E, R>(
         const forget = Effect.sync(() => {
           if (active.get(notice.executionId)?.state === state) active.delete(notice.executionId)
         })
-        const runAttributes = Tracing.runAttributes(notice)
-        const fiber = yield* FiberMap.run(
-          runs,
-          notice.executionId,
-          // FiberMap.run starts the fiber on the spot: yield first, so that the webhook is
-          // answered (and acknowledged) before the run makes its first call.
-          Effect.andThen(Effect.yieldNow, runOnce(agent, state, notice)).pipe(
-            // Each run owns its scope: its heartbeat stops when the run ends or is interrupted.
-            Effect.scoped,
-            Effect.ensuring(Effect.andThen(state.close, forget)),
-            Effect.catchCause((cause) =>
-              interruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
-            ),
-            Effect.annotateLogs(logAttributes),
-            Effect.annotateSpans(runAttributes),
-            Effect.provideContext(context)
-          )
+        const program = Effect.andThen(Effect.yieldNow, runOnce(agent, state, notice, heartbeats)).pipe(
+          // Each run owns its scope (for handlers that acquire resources).
+          Effect.scoped,
+          Effect.ensuring(Effect.andThen(state.close, forget)),
+          Effect.catchCause((cause) =>
+            interruptedOnly(cause) ? Effect.void : Effect.logError("run failed unexpectedly", cause)
+          ),
+          Effect.annotateLogs(logAttributes),
+          recording ? Effect.annotateSpans(Tracing.runAttributes(notice)) : identity
         )
+        // The run's fiber starts on the spot (it yields first, so that the webhook is answered
+        // before the run makes its first call) with the runtime's context: not the webhook
+        // request's, which it would otherwise copy and keep for as long as it runs. Only the
+        // span it was delivered in is carried over, when spans are recorded.
+        const fiber = yield* Effect.withFiber((parent) => {
+          // The runtime is closing: as `FiberMap.run` does, start nothing.
+          if (runs.state._tag === "Closed") return Effect.interrupt
+          const span = recording ? Context.getOption(parent.context, Tracer.ParentSpan) : Option.none()
+          const started = Effect.runForkWith(
+            Option.isSome(span) ? Context.add(context, Tracer.ParentSpan, span.value) : context
+          )(program)
+          FiberMap.setUnsafe(runs, notice.executionId, started)
+          return Effect.succeed(started)
+        })
         // A signal that stops the run (lease lost, abandoned, superseded) interrupts this fiber.
         state.attach(fiber)
         return 200
@@ -458,35 +473,56 @@ const metadataPublisher = (
   })
 
 /**
- * The heartbeat fiber of a run (5.8). Only `lease_superseded` stops the run.
- * A beat that meets a transport failure is retried with the outcome calls'
- * backoff (at most one interval apart) while the lease can still be valid, so
- * that the lease is renewed as soon as the kernel is back (issue 13); a
- * successful beat renews the run's lease clock.
+ * One heartbeat of a run (5.8), started by the runtime's heartbeat timer
+ * every interval. Only `lease_superseded` stops the run. A beat that meets a
+ * transport failure is retried with the outcome calls' backoff (at most one
+ * interval apart) while the lease can still be valid, so that the lease is
+ * renewed as soon as the kernel is back (issue 13); a successful beat renews
+ * the run's lease clock. Built when the beat is due: a parked run holds none.
  */
-const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<never> => {
-  const budget = { ...state.lease.budget, capMillis: Math.min(state.lease.budget.capMillis, intervalMillis) }
-  const beat = retryTransport(state.client.heartbeat(state.caller, state.executionId)).pipe(
+const heartbeat = (state: RunState, intervalMillis: number): Effect.Effect<void> => {
+  const lease = state.lease
+  const budget: RetryBudget = {
+    baseMillis: lease.budget.baseMillis,
+    capMillis: Math.min(lease.budget.capMillis, intervalMillis),
+    deadline: (firstFailureMillis) => lease.budget.deadline(firstFailureMillis)
+  }
+  return retryTransport(state.client.heartbeat(state.caller, state.executionId)).pipe(
     Effect.provideService(CurrentRetryBudget, budget),
     Effect.andThen(Clock.currentTimeMillis),
-    Effect.map(state.lease.renewed),
+    Effect.map((now) => lease.renewed(now)),
     Effect.catch((error) =>
       error._tag === "LeaseSuperseded" ?
         Effect.flatMap(Ref.get(state.finishing), (finishing) => finishing ? Effect.void : state.raise(error)) :
         Effect.logDebug("heartbeat failed", error)
     )
   )
-  return Effect.sleep(intervalMillis).pipe(Effect.andThen(beat), Effect.forever)
+}
+
+/**
+ * One run, heartbeating from its start until it has ended (its outcome
+ * posted, or interrupted).
+ */
+const runOnce = <In, A, E, R, S>(
+  agent: Agent<In, A, E, R, S>,
+  state: RunState,
+  notice: Protocol.WebhookNotice,
+  heartbeats: Heartbeats.Heartbeats
+): Effect.Effect<void, never, R> => {
+  const intervalMillis = heartbeatIntervalMillis(notice.leaseTimeoutSeconds)
+  return Effect.flatMap(
+    heartbeats.start(intervalMillis, () => heartbeat(state, intervalMillis)),
+    (beating) => Effect.ensuring(runHandler(agent, state, notice), beating.stop)
+  )
 }
 
 /** One run (14.3 steps 2–6). */
-const runOnce = <In, A, E, R, S>(
+const runHandler = <In, A, E, R, S>(
   agent: Agent<In, A, E, R, S>,
   state: RunState,
   notice: Protocol.WebhookNotice
 ): Effect.Effect<void, never, R> =>
   Effect.gen(function*() {
-    yield* Effect.forkScoped(heartbeat(state, heartbeatIntervalMillis(notice.leaseTimeoutSeconds)))
     const fetched = yield* Effect.result(state.client.getExecution({ agentId: agent.id }, notice.executionId))
     if (Result.isFailure(fetched)) {
       const error = fetched.failure
@@ -541,7 +577,7 @@ const runOnce = <In, A, E, R, S>(
         : Resources.around(state, resources, handler) as Effect.Effect<A | Session.WithState<A, S>, unknown, R>
     ))
     yield* report(agent, state, exit)
-  }).pipe(Effect.scoped)
+  })
 
 /**
  * What happens to a handler's log lines while its run is *replaying* —

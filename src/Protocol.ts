@@ -15,7 +15,10 @@
  *
  * @since 0.1.0
  */
-import { Option, Predicate, Schema, SchemaGetter } from "effect"
+import * as Option from "effect/Option"
+import * as Predicate from "effect/Predicate"
+import * as Schema from "effect/Schema"
+import * as SchemaGetter from "effect/SchemaGetter"
 
 // ---------------------------------------------------------------------------
 // Member helpers

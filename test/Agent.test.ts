@@ -427,6 +427,38 @@ describe("heartbeats", () => {
       expect(Agent.heartbeatIntervalMillis(0.3)).toBe(1_000)
     }))
 
+  test("many runs at once, on two intervals, each beat on time; a run's beats stop when it ends", () =>
+    Effect.gen(function*() {
+      const fake = new FakeKernel()
+      const ids = Array.from({ length: 40 }, (_, i) => `0192f1a0-0000-7000-8000-${String(i).padStart(12, "0")}`)
+      for (const id of ids) fake.addExecution(id, {})
+      // The even runs beat every 10 s (lease 30 s), the odd ones every 30 s (lease 120 s).
+      const rt = yield* setup(Agent.make({ id: "agent", handler: () => Effect.sleep("65 seconds") }), fake)
+      const start = yield* Clock.currentTimeMillis
+      for (const [i, id] of ids.entries()) {
+        yield* deliver(rt, notice({ execution: id, attempt: 1, lease: i % 2 === 0 ? 30 : 120 }))
+        // The second half starts 5 s later.
+        if (i === ids.length / 2 - 1) {
+          yield* sleeping(2)
+          yield* TestClock.adjust("5 seconds")
+        }
+      }
+      yield* sleeping(2)
+      yield* TestClock.adjust("65 seconds")
+      yield* rt.awaitIdle
+      for (const [i, id] of ids.entries()) {
+        const offset = i < ids.length / 2 ? 0 : 5_000
+        // The handler ends at 65 s after its start: the last beat is the one before.
+        const expected = i % 2 === 0 ? [10_000, 20_000, 30_000, 40_000, 50_000, 60_000] : [30_000, 60_000]
+        const beats = fake.ops("heartbeat").filter((c) => c.executionId === id).map((c) => c.at - start - offset)
+        expect(beats).toEqual(expected)
+      }
+      const total = fake.ops("heartbeat").length
+      yield* TestClock.adjust("5 minutes")
+      expect(fake.ops("heartbeat")).toHaveLength(total)
+      expect(fake.ops("completeExecution")).toHaveLength(ids.length)
+    }))
+
   test("heartbeat errors other than lease_superseded are ignored", () =>
     Effect.gen(function*() {
       const fake = new FakeKernel().addExecution(EXEC, {})

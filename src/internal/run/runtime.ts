@@ -12,7 +12,7 @@
 import { Clock, Deferred, Duration, Effect, Option, Ref } from "effect"
 import type { Fiber } from "effect"
 import { OutcomeRetry } from "../../KernelClient.js"
-import type { Caller, CheckpointRecords, KernelClient, OutcomeRetrySettings } from "../../KernelClient.js"
+import type { Caller, CheckpointRecords, KernelClient, OutcomeRetrySettings, StepSubmission } from "../../KernelClient.js"
 import type * as Protocol from "../../Protocol.js"
 import { Abandoned, LeaseSuperseded, Terminated } from "../../RebunoError.js"
 import { CurrentRetryBudget } from "../http/exchange.js"
@@ -122,18 +122,32 @@ export const makeLeaseClock = (
   const baseMillis = Math.max(1, millisOf(settings.baseDelay))
   const capMillis = Math.max(baseMillis, millisOf(settings.maxDelay))
   const maxElapsedMillis = settings.maxElapsed === undefined ? timeoutMillis : Math.max(0, millisOf(settings.maxElapsed))
-  let renewedAt = nowMillis
-  return {
-    timeoutMillis,
-    renewedAt: () => renewedAt,
-    renewed: (now) => {
-      if (now > renewedAt) renewedAt = now
-    },
-    budget: {
-      baseMillis,
-      capMillis,
-      deadline: (firstFailure) => Math.min(renewedAt + timeoutMillis, firstFailure + maxElapsedMillis)
-    }
+  return new Lease(nowMillis, timeoutMillis, baseMillis, capMillis, maxElapsedMillis)
+}
+
+/**
+ * A lease clock that is its own retry budget: one object per run, its methods
+ * on the prototype (10,000 runs in flight each hold one).
+ */
+class Lease implements LeaseClock, RetryBudget {
+  constructor(
+    private renewedAtMillis: number,
+    readonly timeoutMillis: number,
+    readonly baseMillis: number,
+    readonly capMillis: number,
+    private readonly maxElapsedMillis: number
+  ) {}
+  get budget(): RetryBudget {
+    return this
+  }
+  renewedAt(): number {
+    return this.renewedAtMillis
+  }
+  renewed(nowMillis: number): void {
+    if (nowMillis > this.renewedAtMillis) this.renewedAtMillis = nowMillis
+  }
+  deadline(firstFailureMillis: number): number {
+    return Math.min(this.renewedAtMillis + this.timeoutMillis, firstFailureMillis + this.maxElapsedMillis)
   }
 }
 
@@ -213,7 +227,7 @@ const stopsTheRun = (signal: RunSignal): boolean => signal instanceof LeaseSuper
  * @category internal
  * @internal
  */
-export const makeRunState = Effect.fnUntraced(function*(
+export const makeRunState = (
   kernel: KernelClient.Service,
   caller: Caller,
   executionId: string,
@@ -223,140 +237,223 @@ export const makeRunState = Effect.fnUntraced(function*(
     /** The outage retry settings; the fiber's `KernelClient.OutcomeRetry` when absent. */
     readonly retry?: OutcomeRetrySettings | undefined
   }
-): Effect.fn.Return<RunState> {
-  const lease = makeLeaseClock(
-    yield* Clock.currentTimeMillis,
-    options?.leaseTimeoutSeconds,
-    options?.retry ?? (yield* OutcomeRetry)
-  )
-  const signal = yield* Ref.make<Option.Option<RunSignal>>(Option.none())
-  const stopped = yield* Deferred.make<void>()
-  const finishing = yield* Ref.make(false)
-  // Mirrors `stopped` (completed only here), so that each call checks it without an Effect.
-  let isStopped = false
-  let fiber: Fiber.Fiber<unknown, unknown> | undefined
-  const close = Effect.suspend(() => {
-    isStopped = true
-    return Effect.asVoid(Deferred.succeed(stopped, undefined))
-  })
-  // Interrupting the run's fiber (not racing it against `stopped`) keeps a run to two fibers.
-  const interruptRun = (): void => fiber?.interruptUnsafe()
-  const stop = Effect.andThen(close, Effect.sync(interruptRun))
-  const raise = (s: RunSignal): Effect.Effect<void> =>
-    Effect.andThen(
-      Ref.update(signal, (current) => Option.isNone(current) ? Option.some(s) : current),
-      stopsTheRun(s) ? stop : Effect.void
+): Effect.Effect<RunState> =>
+  Effect.withFiber((fiber) =>
+    Effect.succeed(
+      new Run(
+        kernel,
+        caller,
+        executionId,
+        makeLeaseClock(
+          fiber.getRef(Clock.Clock).currentTimeMillisUnsafe(),
+          options?.leaseTimeoutSeconds,
+          options?.retry ?? fiber.getRef(OutcomeRetry)
+        )
+      )
     )
-  const client = scopedClient(kernel, () => isStopped, raise, lease)
-  const attach = (running: Fiber.Fiber<unknown, unknown>): void => {
-    fiber = running
-    if (isStopped) interruptRun()
+  )
+
+/**
+ * The state of one run. A run in flight holds one of these (plus its client)
+ * for as long as it is parked, so the bookkeeping lives in fields and
+ * prototype methods rather than in a closure per operation.
+ */
+class Run implements RunState {
+  readonly signal: Ref.Ref<Option.Option<RunSignal>> = Ref.makeUnsafe(Option.none())
+  readonly stopped: Deferred.Deferred<void> = Deferred.makeUnsafe<void>()
+  readonly finishing: Ref.Ref<boolean> = Ref.makeUnsafe(false)
+  readonly suspension: Suspension.Suspension = Suspension.make()
+  readonly client: RunClient
+  /** Mirrors `stopped` (completed only by `close`), so that each call checks it without an Effect. */
+  isStopped = false
+  private fiber: Fiber.Fiber<unknown, unknown> | undefined = undefined
+
+  constructor(
+    kernel: KernelClient.Service,
+    readonly caller: Caller,
+    readonly executionId: string,
+    readonly lease: LeaseClock
+  ) {
+    this.client = new GuardedClient(kernel, this)
   }
-  return {
-    executionId,
-    caller,
-    client,
-    signal,
-    stopped,
-    raise,
-    close,
-    finishing,
-    attach,
-    suspension: Suspension.make(),
-    lease
+
+  /** Bound: `Execution` hands it out as a plain function. */
+  readonly raise = (s: RunSignal): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const ref = this.signal.ref
+      if (Option.isNone(ref.current)) ref.current = Option.some(s)
+      return stopsTheRun(s) ? this.stop() : Effect.void
+    })
+
+  get close(): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      this.isStopped = true
+      return Effect.asVoid(Deferred.succeed(this.stopped, undefined))
+    })
   }
-})
+
+  attach(running: Fiber.Fiber<unknown, unknown>): void {
+    this.fiber = running
+    if (this.isStopped) running.interruptUnsafe()
+  }
+
+  /** Interrupting the run's fiber (not racing it against `stopped`) keeps a run to one fiber. */
+  private stop(): Effect.Effect<void> {
+    return Effect.andThen(
+      this.close,
+      Effect.sync(() => this.fiber?.interruptUnsafe())
+    )
+  }
+}
 
 const isSignalError = (e: unknown): e is LeaseSuperseded | Terminated =>
   e instanceof LeaseSuperseded || e instanceof Terminated
 
 /**
- * Wrap the kernel client: refuse once stopped (without sending anything),
- * record the signals that the kernel answers (`lease_superseded`,
- * `execution_terminal`) on the run, and retry the outcome calls within the
- * lease's budget.
+ * The kernel client of a run: refuses once the run has stopped (without
+ * sending anything), records the signals that the kernel answers
+ * (`lease_superseded`, `execution_terminal`) on the run, and retries the
+ * outcome calls within the lease's budget. The calls a run rarely makes
+ * (`previous`, `getStep`, `suspend`, the resource routes) are getters that
+ * build their function when asked for, so that a parked run holds none.
  */
-const scopedClient = (
-  kernel: KernelClient.Service,
-  isStopped: () => boolean,
-  raise: (signal: RunSignal) => Effect.Effect<void>,
-  lease: LeaseClock
-): RunClient => {
-  const recordSignal = (e: unknown) => isSignalError(e) ? raise(e) : Effect.void
-  const guard = <A, E, R>(
-    call: () => Effect.Effect<A, E, R>,
-    record = true
-  ): Effect.Effect<A, E | LeaseSuperseded, R> =>
-    Effect.suspend((): Effect.Effect<A, E | LeaseSuperseded, R> =>
-      isStopped()
+class GuardedClient implements RunClient {
+  readonly secret: KernelClient.Service["secret"]
+  readonly signingScheme: KernelClient.Service["signingScheme"]
+  readonly observeWebhook: KernelClient.Service["observeWebhook"]
+  readonly publishMetadata: KernelClient.Service["publishMetadata"]
+  readonly unguarded: NonNullable<RunClient["unguarded"]>
+
+  constructor(private readonly kernel: KernelClient.Service, private readonly run: Run) {
+    this.secret = kernel.secret
+    this.signingScheme = kernel.signingScheme
+    this.observeWebhook = kernel.observeWebhook
+    this.publishMetadata = kernel.publishMetadata
+    this.unguarded = { isStopped: () => run.isStopped, kernel, lease: run.lease }
+  }
+
+  private guard<A, E, R>(call: () => Effect.Effect<A, E, R>, record = true): Effect.Effect<A, E | LeaseSuperseded, R> {
+    return Effect.suspend((): Effect.Effect<A, E | LeaseSuperseded, R> =>
+      this.run.isStopped
         ? Effect.fail(new LeaseSuperseded())
         : record
-        ? Effect.tapError(call(), recordSignal)
+        ? Effect.tapError(call(), (e) => isSignalError(e) ? this.run.raise(e) : Effect.void)
         : call()
     )
+  }
+
   /** An outcome call: guarded, and retried while the lease can be valid. */
-  const outcome = <A, E, R>(call: () => Effect.Effect<A, E, R>): Effect.Effect<A, E | LeaseSuperseded, R> =>
-    withinLease(lease, guard(call))
-  const { bindResource, getStep, previous, publishCheckpoints, publishMetadata, registerResource, suspend } = kernel
-  return {
-    secret: kernel.secret,
-    unguarded: { isStopped, kernel, lease },
-    signingScheme: kernel.signingScheme,
-    observeWebhook: kernel.observeWebhook,
-    getExecution: (caller, executionId) => guard(() => kernel.getExecution(caller, executionId)),
-    previous: previous === undefined ? undefined : (caller, executionId) => guard(() => previous(caller, executionId)),
-    getStep: getStep === undefined ?
-      undefined :
-      (caller, executionId, stepId) => guard(() => getStep(caller, executionId, stepId)),
-    suspend: suspend === undefined ? undefined : (caller, executionId) => guard(() => suspend(caller, executionId)),
-    publishMetadata,
-    submitStep: (caller, executionId, submission) => guard(() => kernel.submitStep(caller, executionId, submission)),
-    completeStep: (caller, executionId, stepId, resultJson, records) =>
-      outcome(() =>
-        records === undefined
-          ? kernel.completeStep(caller, executionId, stepId, resultJson)
-          : kernel.completeStep(caller, executionId, stepId, resultJson, records)
-      ),
-    failStep: (caller, executionId, stepId, message) =>
-      outcome(() => kernel.failStep(caller, executionId, stepId, message)),
-    failStepJson: (caller, executionId, stepId, errorJson, records) =>
-      outcome(() =>
-        records === undefined
-          ? kernel.failStepJson(caller, executionId, stepId, errorJson)
-          : kernel.failStepJson(caller, executionId, stepId, errorJson, records)
-      ),
-    failStepWith: (caller, executionId, stepId, error, records) =>
-      outcome(() => {
-        const json = stringifyStrict(error)
-        // With captures (PROTOCOL-CURRENT C.6.5) the error goes as JSON, `message` only when it is not JSON.
-        if (records !== undefined) {
-          const errorJson = json._tag === "Ok" ? json.json : JSON.stringify({ message: error.message })
-          return kernel.failStepJson(caller, executionId, stepId, errorJson, records)
-        }
-        return json._tag === "Ok"
-          ? kernel.failStepJson(caller, executionId, stepId, json.json)
-          : kernel.failStep(caller, executionId, stepId, error.message)
-      }),
-    publishDelta: (caller, executionId, stepId, seq, data) =>
-      Effect.suspend(() => isStopped() ? Effect.void : kernel.publishDelta(caller, executionId, stepId, seq, data)),
-    // PROTOCOL-CURRENT C.6.2–C.6.6: lease-fenced; the clients retry them on transport failures.
-    registerResource: registerResource === undefined
+  private outcome<A, E, R>(call: () => Effect.Effect<A, E, R>): Effect.Effect<A, E | LeaseSuperseded, R> {
+    return withinLease(this.run.lease, this.guard(call))
+  }
+
+  getExecution(caller: { readonly agentId: string }, executionId: string) {
+    return this.guard(() => this.kernel.getExecution(caller, executionId))
+  }
+
+  get previous(): RunClient["previous"] {
+    const previous = this.kernel.previous
+    return previous === undefined ? undefined : (caller, executionId) => this.guard(() => previous(caller, executionId))
+  }
+
+  get getStep(): RunClient["getStep"] {
+    const getStep = this.kernel.getStep
+    return getStep === undefined
       ? undefined
-      : (caller, executionId, registration) => guard(() => registerResource(caller, executionId, registration)),
-    bindResource: bindResource === undefined
+      : (caller, executionId, stepId) => this.guard(() => getStep(caller, executionId, stepId))
+  }
+
+  get suspend(): RunClient["suspend"] {
+    const suspend = this.kernel.suspend
+    return suspend === undefined ? undefined : (caller, executionId) => this.guard(() => suspend(caller, executionId))
+  }
+
+  submitStep(caller: Caller, executionId: string, submission: StepSubmission) {
+    return this.guard(() => this.kernel.submitStep(caller, executionId, submission))
+  }
+
+  completeStep(caller: Caller, executionId: string, stepId: string, resultJson: string, records?: CheckpointRecords) {
+    return this.outcome(() =>
+      records === undefined
+        ? this.kernel.completeStep(caller, executionId, stepId, resultJson)
+        : this.kernel.completeStep(caller, executionId, stepId, resultJson, records)
+    )
+  }
+
+  failStep(caller: Caller, executionId: string, stepId: string, message: string) {
+    return this.outcome(() => this.kernel.failStep(caller, executionId, stepId, message))
+  }
+
+  failStepJson(caller: Caller, executionId: string, stepId: string, errorJson: string, records?: CheckpointRecords) {
+    return this.outcome(() =>
+      records === undefined
+        ? this.kernel.failStepJson(caller, executionId, stepId, errorJson)
+        : this.kernel.failStepJson(caller, executionId, stepId, errorJson, records)
+    )
+  }
+
+  failStepWith(
+    caller: Caller,
+    executionId: string,
+    stepId: string,
+    error: StepFailureRecord,
+    records?: CheckpointRecords | undefined
+  ) {
+    return this.outcome(() => {
+      const json = stringifyStrict(error)
+      // With captures (PROTOCOL-CURRENT C.6.5) the error goes as JSON, `message` only when it is not JSON.
+      if (records !== undefined) {
+        const errorJson = json._tag === "Ok" ? json.json : JSON.stringify({ message: error.message })
+        return this.kernel.failStepJson(caller, executionId, stepId, errorJson, records)
+      }
+      return json._tag === "Ok"
+        ? this.kernel.failStepJson(caller, executionId, stepId, json.json)
+        : this.kernel.failStep(caller, executionId, stepId, error.message)
+    })
+  }
+
+  publishDelta(caller: Caller, executionId: string, stepId: string, seq: number, data: string) {
+    return Effect.suspend(() =>
+      this.run.isStopped ? Effect.void : this.kernel.publishDelta(caller, executionId, stepId, seq, data)
+    )
+  }
+
+  // PROTOCOL-CURRENT C.6.2–C.6.6: lease-fenced; the clients retry them on transport failures.
+  get registerResource(): RunClient["registerResource"] {
+    const registerResource = this.kernel.registerResource
+    return registerResource === undefined
       ? undefined
-      : (caller, executionId, key, bindingJson) => guard(() => bindResource(caller, executionId, key, bindingJson)),
-    publishCheckpoints: publishCheckpoints === undefined
+      : (caller, executionId, registration) => this.guard(() => registerResource(caller, executionId, registration))
+  }
+
+  get bindResource(): RunClient["bindResource"] {
+    const bindResource = this.kernel.bindResource
+    return bindResource === undefined
       ? undefined
-      : (caller, executionId, records) => guard(() => publishCheckpoints(caller, executionId, records)),
-    // The heartbeat loop decides itself what a lease_superseded answer means (5.8).
-    heartbeat: (caller, executionId) => guard(() => kernel.heartbeat(caller, executionId), false),
-    completeExecution: (caller, executionId, outputJson, stateJson) =>
-      outcome(() =>
-        stateJson === undefined ?
-          kernel.completeExecution(caller, executionId, outputJson) :
-          kernel.completeExecution(caller, executionId, outputJson, stateJson)
-      ),
-    failExecution: (caller, executionId, reason) => outcome(() => kernel.failExecution(caller, executionId, reason))
+      : (caller, executionId, key, bindingJson) => this.guard(() => bindResource(caller, executionId, key, bindingJson))
+  }
+
+  get publishCheckpoints(): RunClient["publishCheckpoints"] {
+    const publishCheckpoints = this.kernel.publishCheckpoints
+    return publishCheckpoints === undefined
+      ? undefined
+      : (caller, executionId, records) => this.guard(() => publishCheckpoints(caller, executionId, records))
+  }
+
+  /** The heartbeat loop decides itself what a lease_superseded answer means (5.8). */
+  heartbeat(caller: Caller, executionId: string) {
+    return this.guard(() => this.kernel.heartbeat(caller, executionId), false)
+  }
+
+  completeExecution(caller: Caller, executionId: string, outputJson?: string, stateJson?: string) {
+    return this.outcome(() =>
+      stateJson === undefined
+        ? this.kernel.completeExecution(caller, executionId, outputJson)
+        : this.kernel.completeExecution(caller, executionId, outputJson, stateJson)
+    )
+  }
+
+  failExecution(caller: Caller, executionId: string, reason: string) {
+    return this.outcome(() => this.kernel.failExecution(caller, executionId, reason))
   }
 }

@@ -85,57 +85,72 @@ interface Round {
  * @since 0.2.0
  * @internal
  */
-export const make = (): Suspension => {
-  let inFlight = 0
-  let round: Round | undefined
+export const make = (): Suspension => new Bookkeeping()
 
-  const release = (current: Round): void => {
-    if (round === current) round = undefined
+/**
+ * The bookkeeping as fields and prototype methods: every run holds one, and
+ * most never suspend (the Effects it needs are built on first use).
+ */
+class Bookkeeping implements Suspension {
+  private inFlight = 0
+  private round: Round | undefined = undefined
+  private exitEffect: Effect.Effect<void> | undefined = undefined
+  private checkSoonEffect: Effect.Effect<void> | undefined = undefined
+
+  enter(): void {
+    this.inFlight++
+  }
+
+  get exit(): Effect.Effect<void> {
+    return this.exitEffect ??= Effect.suspend(() => {
+      this.inFlight--
+      return this.round === undefined ? Effect.void : this.checkSoon
+    })
+  }
+
+  await<E>(suspend: Effect.Effect<boolean, E>): Effect.Effect<boolean, E> {
+    return Effect.suspend(() => {
+      const current: Round = this.round ?? {
+        waiting: 0,
+        called: false,
+        ready: Deferred.makeUnsafe<void>(),
+        outcome: Deferred.makeUnsafe<boolean, E>()
+      }
+      this.round = current
+      current.waiting++
+      const outcome = current.outcome as Deferred.Deferred<boolean, E>
+      return Effect.andThen(this.checkSoon, Deferred.await(current.ready)).pipe(
+        Effect.onInterrupt(() =>
+          Effect.sync(() => {
+            // A waiter that goes away before the round starts no longer counts.
+            if (this.round === current) current.waiting--
+            this.check()
+          })
+        ),
+        Effect.andThen(Effect.suspend(() => {
+          if (current.called) return Deferred.await(outcome)
+          current.called = true
+          return Effect.onExit(suspend, (exit) => Deferred.done(outcome, exit))
+        }))
+      )
+    })
+  }
+
+  private release(current: Round): void {
+    if (this.round === current) this.round = undefined
     Deferred.doneUnsafe(current.ready, Exit.void)
   }
-  const check = (): void => {
-    if (round !== undefined && round.waiting >= inFlight) release(round)
+
+  private check(): void {
+    if (this.round !== undefined && this.round.waiting >= this.inFlight) this.release(this.round)
   }
+
   /**
    * Check once the fibers already scheduled have had their turn: concurrent
    * steps forked together start one after the other, and one that answers at
    * once (an in-process kernel) must not suspend before its siblings entered.
    */
-  const checkSoon = Effect.andThen(Effect.yieldNow, Effect.sync(check))
-
-  return {
-    enter: () => {
-      inFlight++
-    },
-    exit: Effect.suspend(() => {
-      inFlight--
-      return round === undefined ? Effect.void : checkSoon
-    }),
-    await: <E>(suspend: Effect.Effect<boolean, E>): Effect.Effect<boolean, E> =>
-      Effect.suspend(() => {
-        const current: Round = round ?? {
-          waiting: 0,
-          called: false,
-          ready: Deferred.makeUnsafe<void>(),
-          outcome: Deferred.makeUnsafe<boolean, E>()
-        }
-        round = current
-        current.waiting++
-        const outcome = current.outcome as Deferred.Deferred<boolean, E>
-        return Effect.andThen(checkSoon, Deferred.await(current.ready)).pipe(
-          Effect.onInterrupt(() =>
-            Effect.sync(() => {
-              // A waiter that goes away before the round starts no longer counts.
-              if (round === current) current.waiting--
-              check()
-            })
-          ),
-          Effect.andThen(Effect.suspend(() => {
-            if (current.called) return Deferred.await(outcome)
-            current.called = true
-            return Effect.onExit(suspend, (exit) => Deferred.done(outcome, exit))
-          }))
-        )
-      })
+  private get checkSoon(): Effect.Effect<void> {
+    return this.checkSoonEffect ??= Effect.andThen(Effect.yieldNow, Effect.sync(() => this.check()))
   }
 }

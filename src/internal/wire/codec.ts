@@ -11,8 +11,11 @@
  * @since 0.1.0
  * @internal
  */
-import { Exit, SchemaParser } from "effect"
-import type { Effect, Schema, SchemaIssue } from "effect"
+import type * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import type * as Schema from "effect/Schema"
+import type * as SchemaIssue from "effect/SchemaIssue"
+import * as SchemaParser from "effect/SchemaParser"
 
 type Parser = (u: unknown) => Effect.Effect<unknown, SchemaIssue.Issue, unknown>
 
