@@ -37,7 +37,12 @@ export const serveAgent = <In, A, E>(
     const address = server.address
     const port = address._tag === "UnixPathAddress" ? 0 : address.port
     // Built in this scope: `Effect.provide(layer)` would close the undici pool as soon as `make` returned.
-    const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcher)
+    // The agent's connections to the kernel as `KernelClient.layerUndici` opens them (64 by default);
+    // `BENCH_AGENT_CONNECTIONS=<n>` sets another cap, for diagnosis (every reported figure uses the default).
+    const connections = Number(process.env["BENCH_AGENT_CONNECTIONS"] ?? NaN)
+    const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcherOptions({
+      connections: Number.isInteger(connections) && connections > 0 ? connections : KernelClient.defaultConnections
+    }))
     const client = yield* KernelClient.makeUndici({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
       Effect.provide(dispatcher),
       Effect.orDie

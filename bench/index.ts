@@ -1,38 +1,68 @@
 /**
- * `npm run bench [-- --quick] [-- --only=a,b]`: runs the benchmarks in turn and
- * prints one JSON line per result on stdout; commentary and the final summary
- * go to stderr.
+ * `npm run bench [-- --quick] [-- --only=a,b]`: compiles `src` and `bench`
+ * with `tsc` (into `.bench/`) and runs the benchmarks of issue 14 in turn.
+ * One JSON line per result goes to stdout; commentary, and a summary of every
+ * target with its figure and whether it was met, go to stderr. A full run
+ * takes about 6–8 minutes, `--quick` under 2.
  *
- * - `step-cost`, `replay`: SDK vs a bare keep-alive client against a stub kernel;
- * - `concurrency`: 1,000 concurrent executions against the embedded kernel, and
- *   the 10,000-in-flight memory check;
- * - `testkernel`: the in-process test kit;
- * - `end-to-end`: a two-tool agent against the embedded kernel (and a
- *   reference kernel when `REBUNO_REFERENCE_URL` is set).
+ * Wherever sides are compared they run in interleaved rounds in a rotated
+ * order (round r starts with side r mod n, so no side always follows the
+ * heaviest one); each side is reported as `{median, min, max}` over the
+ * rounds, and the ratios per round as well.
  *
- * Every result carries `loadavg_1m` (the machine's load when it started): the
- * figures are medians, but on a shared 2-core machine they still move with it.
+ * Lines (`--only=` takes these names):
  *
- * Knobs (environment): `REBUNO_REFERENCE_URL`, `REBUNO_REFERENCE_TOKEN`,
- * `REBUNO_REFERENCE_AGENT_PORT` (see `endToEnd.ts`); `BENCH_EXECUTIONS` and
- * `BENCH_IN_FLIGHT` override the sizes of `concurrency`,
- * `BENCH_SKIP_CONCURRENT=1` runs only its memory check, and
- * `BENCH_HEAP_SNAPSHOT=<file>` writes a heap snapshot while the runs are parked.
- * `npm run bench` compiles `src` and `bench` with `tsc` (into `.bench/`) and
- * runs the JavaScript, as a published build of the library would run: tsx,
- * which keeps function names by wrapping every function it creates, adds
- * 30–80 % to the in-process figures. After a build,
+ * - `step-cost`: the SDK vs a bare keep-alive undici client sending the same
+ *   signed bytes to a stub kernel (child process): steps/s, client CPU
+ *   µs/step, the overhead (SDK − bare CPU µs/step, median and per round; target
+ *   ≤ 60) and the ratio per round (target ≥ 0.85 in every round), plus the
+ *   SDK on `effect/http`'s HttpClient and the bare HttpClient floor;
+ *   `replay`: the same for recorded steps (one round trip each);
+ * - `kernel`: a 200-step agent over HTTP against the embedded kernel in its
+ *   own process (`<cli> dev`) and, with `REBUNO_REFERENCE_BIN` (spawned with
+ *   a temp manifest) or `REBUNO_REFERENCE_URL`, the reference Go kernel:
+ *   steps/s of each and the ratio (target ≥ 2), kernel CPU µs/step from
+ *   `/proc` (ours: target ≤ 300), agent CPU µs/step (target ≤ 250), and the
+ *   protocol stage each side spoke (see `kernel.ts`);
+ * - `testkernel`: the test kit's steps/s (target ≥ 100,000) and a 100-step
+ *   agent test (target ≤ 2 ms), in a fresh child process;
+ * - `warm-up`: a fresh process's µs/step (wall, CPU) for steps 1–100,
+ *   101–1,000 and after, for the SDK over HTTP and for the test kit;
+ * - `memory`: 10,000 runs in flight (2,000 with `--quick`) in one process
+ *   (peak RSS, target < 512 MiB; heartbeats on time) and the same over real
+ *   HTTP against the embedded kernel in its own process (wall time, RSS of
+ *   agent and kernel, late heartbeats); `concurrency` is an alias;
+ * - `cli`: spawn of `<cli> dev --port 0` until `/v0/health` answers (target
+ *   < 1 s), median of several;
+ * - `end-to-end`: a two-tool agent against the embedded kernel with its
+ *   default dispatcher, burst and one-at-a-time latency (and a running
+ *   reference kernel at `REBUNO_REFERENCE_URL`, see `endToEnd.ts`).
+ *
+ * Every result carries `loadavg_1m` (the machine's load when it started): on
+ * a shared 2-core machine wall-clock figures move with it; CPU figures less.
+ *
+ * Knobs (environment): `REBUNO_REFERENCE_BIN`, `REBUNO_REFERENCE_URL`,
+ * `REBUNO_REFERENCE_PID`, `REBUNO_REFERENCE_AGENT_PORT`,
+ * `REBUNO_REFERENCE_TOKEN` (`kernel.ts`, `endToEnd.ts`); `BENCH_KERNEL_STAGE`
+ * runs our kernel at another stage in `kernel`; `BENCH_IN_FLIGHT` sets the
+ * size of `memory`, `BENCH_HEAP_SNAPSHOT=<file>` writes a heap snapshot while
+ * its in-process runs are parked. tsx, which keeps function names by wrapping
+ * every function it creates, would add 30–80 % to the in-process figures,
+ * hence the compiled JavaScript. After a build,
  * `node --cpu-prof .bench/bench/profile.js [proceed|replay] [steps]` profiles
  * the SDK side of `step-cost` alone.
  *
  * @since 0.1.0
  */
 import * as os from "node:os"
-import * as Concurrency from "./concurrency.js"
+import * as Cli from "./cli.js"
 import * as EndToEnd from "./endToEnd.js"
+import * as KernelBench from "./kernel.js"
+import * as Memory from "./memory.js"
 import * as StepCost from "./stepCost.js"
 import * as TestKernelBench from "./testKernel.js"
-import type { BenchOptions, Result } from "./util.js"
+import type { BenchOptions, Result, Target } from "./util.js"
+import * as WarmUp from "./warmUp.js"
 import { emit, log, nowMs, round } from "./util.js"
 
 const argv = process.argv.slice(2)
@@ -42,14 +72,17 @@ const only = onlyArg === undefined ? undefined : new Set(onlyArg.slice("--only="
 
 const suites: ReadonlyArray<{ readonly names: ReadonlyArray<string>; readonly run: (o: BenchOptions) => Promise<ReadonlyArray<Result>> }> = [
   { names: ["step-cost", "replay"], run: StepCost.run },
+  { names: ["kernel"], run: KernelBench.run },
   { names: ["testkernel"], run: TestKernelBench.run },
-  { names: ["concurrency"], run: Concurrency.run },
+  { names: ["warm-up"], run: WarmUp.run },
+  { names: ["memory", "concurrency"], run: Memory.run },
+  { names: ["cli"], run: Cli.run },
   { names: ["end-to-end"], run: EndToEnd.run }
 ]
 
 const figures = (o: Record<string, unknown>, prefix = ""): Array<string> =>
   Object.entries(o).flatMap(([k, v]) =>
-    k === "name"
+    k === "name" || k === "targets"
       ? []
       : typeof v === "number" || typeof v === "boolean"
       ? [`${prefix}${k}=${v}`]
@@ -58,7 +91,29 @@ const figures = (o: Record<string, unknown>, prefix = ""): Array<string> =>
       : []
   )
 
-const summarise = (r: Result): string => `${r.name}: ${figures(r).join(" ")}`
+/** The top-level figures of a line (numbers and lists of numbers; not the nested sides). */
+const headline = (o: Record<string, unknown>): Array<string> =>
+  Object.entries(o).flatMap(([k, v]) =>
+    k === "loadavg_1m"
+      ? []
+      : typeof v === "number"
+      ? [`${k}=${v}`]
+      : Array.isArray(v) && v.every((x) => typeof x === "number")
+      ? [`${k}=[${v.join(", ")}]`]
+      : []
+  )
+
+/** A line's headline figures and its targets, one per line; every figure when it has no targets. */
+const summarise = (r: Result): Array<string> => {
+  const targets = r["targets"] as Record<string, Target> | undefined
+  if (targets === undefined) return [`${r.name}: ${figures(r).join(" ")}`]
+  const top = headline(r)
+  return [...(top.length === 0 ? [] : [`${r.name}: ${top.join(" ")}`]), ...Object.entries(targets).map(([k, t]) =>
+    `${r.name}: ${k} = ${t.value ?? "n/a"} (target ${t.target}): ${
+      t.met === null ? "not measured" : t.met ? "met" : "NOT MET"
+    }`
+  )]
+}
 
 const main = async () => {
   const started = nowMs()
@@ -78,7 +133,7 @@ const main = async () => {
   }
   log("")
   log(`summary (${round((nowMs() - started) / 1000, 1)} s):`)
-  for (const r of results) log("  " + summarise(r))
+  for (const r of results) for (const line of summarise(r)) log("  " + line)
 }
 
 main().then(

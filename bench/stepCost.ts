@@ -5,7 +5,11 @@
  * same bytes, signs each request with node:crypto, and parses each answer.
  *
  * Rounds interleave the sides (bare, platform floor, SDK on undici, SDK on
- * HttpClient, bare, …); the figures are medians.
+ * HttpClient) in a rotated order (round r starts with side r mod 4; a round
+ * is cut into 4 segments, each rotated once more, so that a burst of load on
+ * the shared machine falls on every side); each
+ * side's figures are the median and range over the rounds, and the SDK/bare
+ * ratio and the CPU overhead (SDK − bare, µs/step) are also given per round.
  *
  * @since 0.1.0
  */
@@ -17,7 +21,7 @@ import * as Undici from "undici"
 import { Agent, KernelClient, Signature, Tool } from "../src/index.js"
 import { PROCEED_EXECUTION_ID, REPLAY_EXECUTION_ID } from "./stubKernel.js"
 import type { BenchOptions, Result } from "./util.js"
-import { log, median, nowMs, round, spawnStub } from "./util.js"
+import { log, median, nowMs, rotated, round, spawnStub, spread, target } from "./util.js"
 
 const SECRET = "bench-secret"
 const AGENT_ID = "bench"
@@ -36,7 +40,7 @@ const signedHeaders = (body: string | Uint8Array): Record<string, string> => ({
 })
 
 /** The bare baseline: the same requests with undici's Agent, signed per request with node:crypto. */
-const makeBare = (baseUrl: string) => {
+export const makeBare = (baseUrl: string) => {
   const dispatcher = new Undici.Agent({ keepAliveTimeout: 60_000 })
   const origin = new URL(baseUrl).origin
   const post = async (path: string, body: string): Promise<unknown> => {
@@ -102,8 +106,17 @@ const makeFloor = (baseUrl: string) => {
 
 class RuntimeTag extends Context.Service<RuntimeTag, Agent.AgentRuntime>()("bench/AgentRuntime") {}
 
-/** The SDK side: a real agent runtime whose handler runs `steps` sequential no-op tool steps. */
-const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = true) => {
+/**
+ * The SDK side: a real agent runtime whose handler runs `steps` sequential
+ * no-op tool steps. `mark(i)` (warm-up only) is called before step `i` and
+ * with `i = steps` after the last one.
+ */
+export const makeSdk = (
+  baseUrl: string,
+  transport: "undici" | "httpclient",
+  tracing = true,
+  mark?: (i: number) => void
+) => {
   let steps = 0
   let elapsed = 0
   const noop = Tool.make("noop", {
@@ -116,7 +129,15 @@ const makeSdk = (baseUrl: string, transport: "undici" | "httpclient", tracing = 
     handler: () =>
       Effect.gen(function*() {
         const t0 = nowMs()
-        for (let i = 0; i < steps; i++) yield* noop({})
+        if (mark === undefined) {
+          for (let i = 0; i < steps; i++) yield* noop({})
+        } else {
+          for (let i = 0; i < steps; i++) {
+            mark(i)
+            yield* noop({})
+          }
+          mark(steps)
+        }
         elapsed = nowMs() - t0
       })
   })
@@ -163,7 +184,7 @@ const pair = async (
   baseUrl: string
 ): Promise<Result> => {
   // replay: 1,000 recorded steps per round (the brief's figure)
-  const steps = replay ? 1_000 : options.quick ? 500 : 2_000
+  const steps = replay ? 1_000 : 2_000
   const rounds = options.quick ? 5 : 9
   const bare = makeBare(baseUrl)
   const floor = makeFloor(baseUrl)
@@ -177,52 +198,85 @@ const pair = async (
     sdk_httpclient: (n) => sdkHttpClient.run(executionId, n)
   }
   const sides = Object.keys(runners) as ReadonlyArray<Side>
-  // Warm-up (JIT, connections).
-  for (const side of sides) await runners[side](Math.min(300, steps))
+  // Warm-up (JIT, connections; the `warm-up` line shows a fresh SDK needs ~1,000 steps to settle): two untimed
+  // passes over the sides.
+  const warmSteps = options.quick ? 1_500 : 2_500
+  for (let pass = 0; pass < 2; pass++) for (const side of rotated(sides, pass)) await runners[side](warmSteps)
   const rates: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
   const cpu: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
+  const segments = 4
+  const segmentSteps = Math.ceil(steps / segments)
   for (let r = 0; r < rounds; r++) {
-    // Interleaved: bare, floor, sdk, sdk_httpclient, bare, …
+    // Interleaved and rotated: round r starts with side r mod 4; each round is cut into 4 segments, each in the
+    // next rotation, so that a burst of load on the shared machine falls on every side rather than on one.
+    const order = rotated(sides, r)
+    const ms: Record<Side, number> = { bare: 0, floor: 0, sdk: 0, sdk_httpclient: 0 }
+    const us: Record<Side, number> = { bare: 0, floor: 0, sdk: 0, sdk_httpclient: 0 }
+    for (let segment = 0; segment < segments; segment++) {
+      for (const side of rotated(sides, r + segment)) {
+        const c0 = process.cpuUsage()
+        ms[side] += await runners[side](segmentSteps)
+        const c = process.cpuUsage(c0)
+        us[side] += c.user + c.system
+      }
+    }
     for (const side of sides) {
-      const c0 = process.cpuUsage()
-      const ms = await runners[side](steps)
-      const c = process.cpuUsage(c0)
-      rates[side].push((steps * 1000) / ms)
-      cpu[side].push((c.user + c.system) / steps)
+      rates[side].push((segments * segmentSteps * 1000) / ms[side])
+      cpu[side].push(us[side] / (segments * segmentSteps))
     }
     log(
-      `  ${name} round ${r + 1}/${rounds}: bare ${round(rates.bare[r]!)}, platform floor ${
+      `  ${name} round ${r + 1}/${rounds} (${order.join(", ")}): bare ${round(rates.bare[r]!)}, platform floor ${
         round(rates.floor[r]!)
-      }, sdk ${round(rates.sdk[r]!)}, sdk on HttpClient ${round(rates.sdk_httpclient[r]!)} steps/s`
+      }, sdk ${round(rates.sdk[r]!)}, sdk on HttpClient ${round(rates.sdk_httpclient[r]!)} steps/s; CPU sdk ${
+        round(cpu.sdk[r]!)
+      } vs bare ${round(cpu.bare[r]!)} µs/step`
     )
   }
   await bare.close()
   await floor.close()
   await sdk.close()
   await sdkHttpClient.close()
-  const rate = (side: Side) => median(rates[side])
-  const bareRate = rate("bare")
+  const perRound = (f: (r: number) => number, digits: number) => Array.from({ length: rounds }, (_, r) => round(f(r), digits))
+  const ratios = perRound((r) => rates.sdk[r]! / rates.bare[r]!, 3)
+  const overhead = perRound((r) => cpu.sdk[r]! - cpu.bare[r]!, 1)
+  // Client CPU, bare / SDK: what the ratio would be if the wall time were the client's CPU alone.
+  const cpuRatios = perRound((r) => cpu.bare[r]! / cpu.sdk[r]!, 3)
+  const ratioMin = Math.min(...ratios)
+  const overheadMedian = round(median(overhead), 1)
   return {
     name,
     steps_per_round: steps,
     rounds,
+    warm_up_steps_per_side: 2 * warmSteps,
+    order:
+      "interleaved, rotated: round r starts with side r mod 4 of bare, floor, sdk, sdk_httpclient; 4 segments per round, each rotated once more",
     round_trips_per_step: replay ? 1 : 2,
-    sdk_steps_per_s: round(rate("sdk")),
-    bare_steps_per_s: round(bareRate),
-    ratio: round(rate("sdk") / bareRate, 3),
-    ...(replay ? {} : { target_ratio: 0.8 }),
-    sdk_us_per_step: round(1e6 / rate("sdk"), 1),
-    bare_us_per_step: round(1e6 / bareRate, 1),
-    sdk_cpu_us_per_step: round(median(cpu.sdk), 1),
-    bare_cpu_us_per_step: round(median(cpu.bare), 1),
+    // wall: steps/s of each side (median, min, max over rounds)
+    sdk_steps_per_s: spread(rates.sdk),
+    bare_steps_per_s: spread(rates.bare),
+    ratio: round(median(rates.sdk) / median(rates.bare), 3),
+    ratio_per_round: ratios,
+    ratio_min: ratioMin,
+    // CPU of this process (the client side) per step
+    sdk_cpu_us_per_step: spread(cpu.sdk, 1),
+    bare_cpu_us_per_step: spread(cpu.bare, 1),
+    overhead_cpu_us_per_step: overheadMedian,
+    overhead_cpu_us_per_step_per_round: overhead,
+    cpu_ratio_per_round: cpuRatios,
     // The SDK on effect/http's HttpClient (KernelClient.layer + NodeHttpClient.layerUndici).
-    sdk_httpclient_steps_per_s: round(rate("sdk_httpclient")),
-    sdk_httpclient_ratio: round(rate("sdk_httpclient") / bareRate, 3),
-    sdk_httpclient_cpu_us_per_step: round(median(cpu.sdk_httpclient), 1),
+    sdk_httpclient_steps_per_s: spread(rates.sdk_httpclient),
+    sdk_httpclient_ratio: round(median(rates.sdk_httpclient) / median(rates.bare), 3),
+    sdk_httpclient_cpu_us_per_step: spread(cpu.sdk_httpclient, 1),
     // The same requests through effect/http's HttpClient with no SDK code: what any HttpClient user pays.
-    platform_floor_steps_per_s: round(rate("floor")),
-    platform_floor_ratio: round(rate("floor") / bareRate, 3),
-    platform_floor_cpu_us_per_step: round(median(cpu.floor), 1),
+    platform_floor_steps_per_s: spread(rates.floor),
+    platform_floor_ratio: round(median(rates.floor) / median(rates.bare), 3),
+    platform_floor_cpu_us_per_step: spread(cpu.floor, 1),
+    ...(replay ? {} : {
+      targets: {
+        overhead_cpu_us_per_step: target("<=", 60, overheadMedian, "µs"),
+        ratio_every_round: target(">=", 0.85, ratioMin)
+      }
+    }),
     stub: "node:http child process on 127.0.0.1, keep-alive",
     client: "sdk: KernelClient.layerUndici; bare: undici.Agent.request + node:crypto createHmac"
   }

@@ -7,6 +7,9 @@
  */
 import { spawn } from "node:child_process"
 import type { ChildProcess } from "node:child_process"
+import * as fs from "node:fs"
+import * as net from "node:net"
+import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import * as v8 from "node:v8"
 import * as vm from "node:vm"
@@ -172,3 +175,137 @@ export const spawnStub = (): Promise<{ readonly url: string; readonly stop: () =
 
 /** Sleep on the real clock. */
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+/**
+ * The order of the sides in round `r` (0-based): rotated so that round `r`
+ * starts with side `r mod n`, and no side always follows the same one.
+ */
+export const rotated = <A>(sides: ReadonlyArray<A>, r: number): Array<A> =>
+  sides.map((_, i) => sides[(i + r) % sides.length]!)
+
+/** Median and range of a non-empty list, rounded to `digits`. */
+export const spread = (xs: ReadonlyArray<number>, digits = 0) => ({
+  median: round(median(xs), digits),
+  min: round(Math.min(...xs), digits),
+  max: round(Math.max(...xs), digits)
+})
+
+/** A target as printed on a result line: what is required, the figure and whether it was met. */
+export interface Target {
+  readonly target: string
+  readonly value: number | null
+  readonly met: boolean | null
+}
+
+/** `value` against `limit`: `"<="` (at most), `">="` (at least) or `"<"`. */
+export const target = (op: "<=" | ">=" | "<", limit: number, value: number | null | undefined, unit = ""): Target => ({
+  target: `${op} ${limit}${unit === "" ? "" : " " + unit}`,
+  value: value ?? null,
+  met: value === null || value === undefined
+    ? null
+    : op === "<="
+    ? value <= limit
+    : op === ">="
+    ? value >= limit
+    : value < limit
+})
+
+const CLOCK_TICK_US = 1e6 / 100 // USER_HZ: 100 on Linux (`getconf CLK_TCK`)
+
+/**
+ * CPU time (user + system, all threads) of another process in µs, from
+ * `/proc/<pid>/stat` (10 ms resolution); `undefined` when it cannot be read.
+ */
+export const procCpuUs = (pid: number): number | undefined => {
+  try {
+    const text = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
+    const fields = text.slice(text.lastIndexOf(")") + 2).split(" ")
+    return (Number(fields[11]) + Number(fields[12])) * CLOCK_TICK_US
+  } catch {
+    return undefined
+  }
+}
+
+/** Peak (`VmHWM`) and current (`VmRSS`) RSS of another process in bytes, from `/proc/<pid>/status`. */
+export const procRss = (pid: number): { readonly peak: number; readonly current: number } | undefined => {
+  try {
+    const text = fs.readFileSync(`/proc/${pid}/status`, "latin1")
+    const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(text)?.[1] ?? NaN) * 1024
+    return { peak: kib("VmHWM"), current: kib("VmRSS") }
+  } catch {
+    return undefined
+  }
+}
+
+/** This process's peak RSS so far, in bytes (the kernel's figure: no sampling gap). */
+export const peakRss = (): number => process.resourceUsage().maxRSS * 1024
+
+/** A free TCP port on 127.0.0.1 (bound, read and released). */
+export const freePort = (): Promise<number> =>
+  new Promise((resolve, reject) => {
+    const server = net.createServer()
+    server.on("error", reject)
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as net.AddressInfo
+      server.close(() => resolve(port))
+    })
+  })
+
+/** Poll `GET <url>/v0/health` until it answers 200 (every `everyMs`), or reject after `timeoutMs`. */
+export const waitHealthy = async (url: string, timeoutMs = 30_000, everyMs = 5): Promise<void> => {
+  const t0 = nowMs()
+  for (;;) {
+    try {
+      const response = await fetch(url + "/v0/health")
+      await response.arrayBuffer()
+      if (response.status === 200) return
+    } catch {
+      // not listening yet
+    }
+    if (nowMs() - t0 > timeoutMs) throw new Error(`${url}/v0/health did not answer within ${timeoutMs} ms`)
+    await sleep(everyMs)
+  }
+}
+
+/** A kernel (or other server) running in a child process. */
+export interface ChildServer {
+  readonly url: string
+  readonly pid: number
+  readonly stop: () => Promise<void>
+}
+
+/**
+ * Spawn `command args` and wait until `url` answers `/v0/health`. Its stdout
+ * is dropped, its stderr is ours; `stop` sends SIGTERM and waits for the exit.
+ */
+export const spawnServer = async (
+  command: string,
+  args: ReadonlyArray<string>,
+  url: string,
+  env: Record<string, string> = {}
+): Promise<ChildServer> => {
+  const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ["ignore", "ignore", "inherit"] })
+  let exited = false
+  const exit = new Promise<void>((resolve) => child.on("exit", () => ((exited = true), resolve())))
+  const early = exit.then(() => {
+    throw new Error(`${command} exited before ${url} was healthy`)
+  })
+  await Promise.race([waitHealthy(url), early])
+  early.catch(() => {})
+  return {
+    url,
+    pid: child.pid!,
+    stop: async () => {
+      if (!exited) child.kill("SIGTERM")
+      await Promise.race([exit, sleep(5_000)])
+      if (!exited) child.kill("SIGKILL")
+    }
+  }
+}
+
+/** The compiled CLI: `dist/bin/cli.js` when the package is built, else `.bench/src/bin/cli.js`. */
+export const cliPath = (): string => {
+  const root = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../" : "../../", import.meta.url))
+  const dist = path.join(root, "dist/bin/cli.js")
+  return fs.existsSync(dist) ? dist : path.join(root, ".bench/src/bin/cli.js")
+}

@@ -195,13 +195,17 @@ export const main = (options: Options = {}): Effect.Effect<Summary, unknown, imp
       const what = step === undefined ? "" : `${step.kind.padEnd(9)} ${step.target}`
       yield* say(`      ${String(event.eventSeq).padStart(3)}  ${event.type.padEnd(20)} ${what}`)
     }
+    const proposedAt = (stepId: string) =>
+      events.find((e) => e.type === "step.proposed" && (e.payload as { readonly step_id?: string } | null)?.step_id === stepId)
+        ?.eventSeq ?? Number.MAX_SAFE_INTEGER
     const summary: Summary = {
       status: done.status,
       output: done.output,
       providerCalls: model.calls,
       bodies: { ...bodies },
+      // In the order they were proposed (startedAt has millisecond resolution: two steps can share it).
       steps: [...steps]
-        .sort((a, b) => a.startedAt.localeCompare(b.startedAt))
+        .sort((a, b) => proposedAt(a.stepId) - proposedAt(b.stepId))
         .map((s) => [s.kind, s.target, s.status] as const),
       deliveries: events.filter((e) => e.type === "dispatch.acked").length
     }
