@@ -21,7 +21,7 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import * as OpenAiChat from "../examples/support/openAiChat.js"
 import * as ScriptedModel from "../examples/support/scriptedModel.js"
-import { runReal } from "./support/realIo.js"
+import { registerAndRunReal } from "./support/realIo.js"
 
 // ---------------------------------------------------------------------------
 // The servers
@@ -83,6 +83,18 @@ const toolNamed = (tools: ReadonlyArray<Mcp.McpTool>, name: string): Mcp.McpTool
 }
 
 const Input = Schema.Struct({ path: Schema.String })
+
+/** A policy that denies writes through the filesystem server. */
+const READ_ONLY_FS = [
+  "default_action: allow",
+  "rules:",
+  "  - id: read-only-fs",
+  "    when:",
+  "      target: fs_write_file",
+  "    then:",
+  "      decision: deny",
+  "      reason: the notes are read-only"
+].join("\n")
 
 // ---------------------------------------------------------------------------
 
@@ -149,9 +161,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
         input: Input,
         handler: ({ path }) => read({ path, head: null, tail: undefined })
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent)
-      const run = yield* runReal(kernel, agent, { path })
+      const run = yield* registerAndRunReal(agent, { path })
       expect(run.status).toBe("completed")
       // the filesystem server answers structuredContent: that is the result
       expect(run.output).toEqual({ content: "first line\nsecond line\n" })
@@ -180,9 +190,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
             image: image({})
           })
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent)
-      const run = yield* runReal(kernel, agent, {})
+      const run = yield* registerAndRunReal(agent, {})
       expect(run.status).toBe("completed")
       const output = run.output as { echo: string; links: string; image: string }
       expect(output.echo).toBe("Echo: héllo")
@@ -221,10 +229,8 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
             return { before, after }
           })
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent)
       // the process dies once the read and the edit are recorded
-      const run = yield* runReal(kernel, agent, { path }, { crash: { afterSteps: 2 } })
+      const run = yield* registerAndRunReal(agent, { path }, { crash: { afterSteps: 2 } })
       expect(run.status).toBe("completed")
       expect(run.crashed).toBe(true)
       expect(run.deliveries).toBe(2)
@@ -249,19 +255,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
         input: Input,
         handler: ({ path }) => write({ path, content: "should not exist" })
       })
-      const policy = [
-        "default_action: allow",
-        "rules:",
-        "  - id: read-only-fs",
-        "    when:",
-        "      target: fs_write_file",
-        "    then:",
-        "      decision: deny",
-        "      reason: the notes are read-only"
-      ].join("\n")
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent, { policy })
-      const run = yield* runReal(kernel, agent, { path })
+      const run = yield* registerAndRunReal(agent, { path }, { policy: READ_ONLY_FS })
       expect(run.status).toBe("completed")
       expect(run.output).toBe("fs_write_file not allowed. reason: the notes are read-only")
       expect(run.steps.map((s) => [s.target, s.status])).toEqual([["fs_write_file", "denied"]])
@@ -307,20 +301,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
             }
           }).pipe(Effect.provide(Layer.merge(kit.layer, LanguageModelLive)))
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent, {
-        policy: [
-          "default_action: allow",
-          "rules:",
-          "  - id: read-only-fs",
-          "    when:",
-          "      target: fs_write_file",
-          "    then:",
-          "      decision: deny",
-          "      reason: the notes are read-only"
-        ].join("\n")
-      })
-      const run = yield* runReal(kernel, agent, {})
+      const run = yield* registerAndRunReal(agent, {}, { policy: READ_ONLY_FS })
       expect(run.status).toBe("completed")
       const denial = "fs_write_file not allowed. reason: the notes are read-only"
       // what the model was sent back: the read's structured result, and the denial as text
@@ -361,9 +342,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
             return { text, failure: failure._tag, message: failure.message }
           })
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent)
-      const run = yield* runReal(kernel, agent, { path: missing }, { crash: { afterSteps: 2 } })
+      const run = yield* registerAndRunReal(agent, { path: missing }, { crash: { afterSteps: 2 } })
       expect(run.status).toBe("completed")
       expect(run.deliveries).toBe(2)
       const output = run.output as { text: string; failure: string; message: string }
@@ -408,9 +387,7 @@ it.layer(ServersLive, { timeout: 60_000 })("Mcp against real MCP servers", (it) 
             return { ok, invalid: invalid._tag }
           })
       })
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.register(agent)
-      const run = yield* runReal(kernel, agent, {})
+      const run = yield* registerAndRunReal(agent, {})
       expect(run.status).toBe("completed")
       expect(run.output).toEqual({ ok: { text: "The sum of 2 and 3 is 5." }, invalid: "InvalidArguments" })
       expect(sent).toEqual([{ name: "get-sum", args: { a: 2, b: 3 } }])

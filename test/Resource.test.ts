@@ -121,15 +121,33 @@ const resourceEvents = (events: ReadonlyArray<Protocol.Event>) =>
 const kit = (world: ReturnType<typeof makeWorld>, transport: "direct" | "http", agents: ReadonlyArray<Agent.Agent<any, any, any, Boxes>> = [scribe]) =>
   TestKernel.layer({ agents, transport }).pipe(Layer.provide(world.layer))
 
+/** Runs `agent` on the kit in context and expects it completed (a failure reason first: it names the cause). */
+const runCompleted = <R>(agent: Agent.Agent<any, any, any, R>) =>
+  Effect.gen(function*() {
+    const kernel = yield* TestKernel.TestKernel
+    const result = yield* kernel.run(agent, {})
+    expect(result.failureReason).toBeUndefined()
+    expect(result.status).toBe("completed")
+    return result
+  })
+
+/** Runs `agent` on the kit in context; answers the kit, a client of it, the run and its fork points. */
+const runForkable = <R>(agent: Agent.Agent<any, any, any, R>) =>
+  Effect.gen(function*() {
+    const kernel = yield* TestKernel.TestKernel
+    const client = yield* kernel.client()
+    const source = yield* kernel.run(agent, {})
+    const points = yield* client.forkPoints(source.executionId)
+    return { kernel, client, source, points }
+  })
+
 describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
   for (const transport of ["direct", "http"] as const) {
     it.effect(`${transport}: register, create and bind, baseline, captures with each declaring step`, () => {
       const world = makeWorld()
       return Effect.gen(function*() {
         const kernel = yield* TestKernel.TestKernel
-        const result = yield* kernel.run(scribe, {})
-        expect(result.failureReason).toBeUndefined()
-        expect(result.status).toBe("completed")
+        const result = yield* runCompleted(scribe)
         expect(result.output).toEqual({ "a.txt": "alpha", "b.txt": "beta" })
         expect(world.log).toEqual([
           "create workspace fresh",
@@ -217,10 +235,7 @@ describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
       handler: () => Effect.andThen(Effect.all([writeSparse("1"), writeSparse("2"), writeSparse("3")]), Effect.void)
     })
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const result = yield* kernel.run(agent, {})
-      expect(result.failureReason).toBeUndefined()
-      expect(result.status).toBe("completed")
+      const result = yield* runCompleted(agent)
       // baseline, after step 2, then the completion checkpoint (step 3 was not due).
       expect(world.log).toEqual([
         "create workspace fresh",
@@ -248,10 +263,7 @@ describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
         Step.run("touch", Effect.map(plain.handle, (box) => void box.files.set("x", "y")), { resources: [plain] })
     })
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const result = yield* kernel.run(agent, {})
-      expect(result.failureReason).toBeUndefined()
-      expect(result.status).toBe("completed")
+      const result = yield* runCompleted(agent)
       expect(world.log).toEqual(["create workspace fresh"])
       expect(resourceEvents(result.events).map((e) => e.type)).toEqual(["resource.registered", "resource.bound"])
       expect(resourceEvents(result.events)[0]!.payload).toMatchObject({ every_steps: 0, on_completion: false })
@@ -293,10 +305,7 @@ describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
         })({}).pipe(Effect.catchTag("ToolError", () => Effect.succeed("caught")))
     })
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const result = yield* kernel.run(agent, {})
-      expect(result.failureReason).toBeUndefined()
-      expect(result.status).toBe("completed")
+      const result = yield* runCompleted(agent)
       expect(result.steps[0]).toMatchObject({ status: "failed", error: { message: "disk went away" } })
       const failedAt = result.events.findIndex((e) => e.type === "step.failed")
       expect(result.events[failedAt + 1]).toMatchObject({
@@ -326,9 +335,7 @@ describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
     const free = parallel("free", [])
     return Effect.gen(function*() {
       const kernel = yield* TestKernel.TestKernel
-      const serialRun = yield* kernel.run(serial, {})
-      expect(serialRun.failureReason).toBeUndefined()
-      expect(serialRun.status).toBe("completed")
+      yield* runCompleted(serial)
       expect(trace).toEqual(["start a", "end a", "start b", "end b", "start c", "end c"])
       trace.length = 0
       expect((yield* kernel.run(free, {})).status).toBe("completed")
@@ -344,10 +351,7 @@ describe("Resource: the SDK flow (PROTOCOL-CURRENT C.6.8)", () => {
       handler: () => Step.run("outer", Step.run("inner", Effect.succeed(1)), { resources: [workspace] })
     })
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const result = yield* kernel.run(agent, {})
-      expect(result.failureReason).toBeUndefined()
-      expect(result.status).toBe("completed")
+      const result = yield* runCompleted(agent)
       expect(result.output).toBe(1)
     }).pipe(Effect.provide(kit(world, "direct", [agent])))
   })
@@ -419,11 +423,8 @@ describe("Resource: forks restore the resource (C.6.8 #2, #7; C.7)", () => {
       const world = makeWorld()
       gate.current = undefined
       return Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const client = yield* kernel.client()
-        const source = yield* kernel.run(three, {})
+        const { client, kernel, points, source } = yield* runForkable(three)
         expect(source.output).toEqual({ "a.txt": "alpha", "b.txt": "beta", "c.txt": "gamma" })
-        const points = yield* client.forkPoints(source.executionId)
         // Fork right after b.txt was written and captured.
         const afterB = points.checkpoints.find((c) => c.checkpointRef === "snap-3")!
         const fork = yield* client.fork(source.executionId, { atSeq: afterB.coveredSeq })
@@ -448,10 +449,7 @@ describe("Resource: forks restore the resource (C.6.8 #2, #7; C.7)", () => {
     const world = makeWorld()
     gate.current = undefined
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const client = yield* kernel.client()
-      const source = yield* kernel.run(three, {})
-      const points = yield* client.forkPoints(source.executionId)
+      const { client, kernel, points, source } = yield* runForkable(three)
       const seq = Protocol.latestCoveredSeq(points)!
       world.snapshots.clear()
       const fork = yield* client.fork(source.executionId, { atSeq: seq })
@@ -478,10 +476,7 @@ describe("Resource: forks restore the resource (C.6.8 #2, #7; C.7)", () => {
         })
     })
     return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const client = yield* kernel.client()
-      const source = yield* kernel.run(tolerant, {})
-      const points = yield* client.forkPoints(source.executionId)
+      const { client, kernel, points, source } = yield* runForkable(tolerant)
       world.snapshots.clear()
       const fork = yield* client.fork(source.executionId, { atSeq: Protocol.latestCoveredSeq(points)! })
       const forked = yield* kernel.settle(fork.id)

@@ -419,29 +419,32 @@ describe("Subagent: errors (C.5.4 #5)", () => {
     }))
 })
 
-describe("Subagent over HTTP on the embedded kernel (current stage)", () => {
-  const summarizer = Agent.make({
-    id: "summarizer",
-    input: Schema.Struct({ text: Schema.String }),
-    output: Schema.Struct({ summary: Schema.String }),
-    handler: ({ text }) =>
-      text === "fail" ? Effect.fail(new Error("cannot summarise")) : Effect.succeed({ summary: text.toUpperCase() })
-  })
-  const delegating = Agent.make({
-    id: "researcher",
-    input: Schema.Struct({ documents: Schema.Array(Schema.String) }),
-    handler: ({ documents }) =>
-      Effect.forEach(
-        documents,
-        (text) =>
-          summarize({ text }).pipe(
-            Effect.map((s) => s.summary),
-            Effect.catchTag("SubagentError", (e) => Effect.succeed(`${e.reason}: ${e.failureReason}`))
-          ),
-        { concurrency: "unbounded" }
-      )
-  })
+/** A real child: summarises a text, fails on "fail". */
+const summarizer = Agent.make({
+  id: "summarizer",
+  input: Schema.Struct({ text: Schema.String }),
+  output: Schema.Struct({ summary: Schema.String }),
+  handler: ({ text }) =>
+    text === "fail" ? Effect.fail(new Error("cannot summarise")) : Effect.succeed({ summary: text.toUpperCase() })
+})
 
+/** A real parent: one subagent call per document, concurrently; a failed child becomes text. */
+const delegating = Agent.make({
+  id: "researcher",
+  input: Schema.Struct({ documents: Schema.Array(Schema.String) }),
+  handler: ({ documents }) =>
+    Effect.forEach(
+      documents,
+      (text) =>
+        summarize({ text }).pipe(
+          Effect.map((s) => s.summary),
+          Effect.catchTag("SubagentError", (e) => Effect.succeed(`${e.reason}: ${e.failureReason}`))
+        ),
+      { concurrency: "unbounded" }
+    )
+})
+
+describe("Subagent over HTTP on the embedded kernel (current stage)", () => {
   it.live("children run, the parent suspends once and completes with their outputs on the replay", () =>
     Effect.gen(function*() {
       const kernel = yield* Kernel.start({ port: 0 })
@@ -475,28 +478,6 @@ describe("Subagent over HTTP on the embedded kernel (current stage)", () => {
 })
 
 describe("Subagent in the test kit (TestKernel, virtual time)", () => {
-  const summarizer = Agent.make({
-    id: "summarizer",
-    input: Schema.Struct({ text: Schema.String }),
-    output: Schema.Struct({ summary: Schema.String }),
-    handler: ({ text }) =>
-      text === "fail" ? Effect.fail(new Error("cannot summarise")) : Effect.succeed({ summary: text.toUpperCase() })
-  })
-  const delegating = Agent.make({
-    id: "researcher",
-    input: Schema.Struct({ documents: Schema.Array(Schema.String) }),
-    handler: ({ documents }) =>
-      Effect.forEach(
-        documents,
-        (text) =>
-          summarize({ text }).pipe(
-            Effect.map((s) => s.summary),
-            Effect.catchTag("SubagentError", (e) => Effect.succeed(`${e.reason}: ${e.failureReason}`))
-          ),
-        { concurrency: "unbounded" }
-      )
-  })
-
   for (const transport of ["direct", "http"] as const) {
     it.effect(`${transport}: the parent suspends once, its children run, the replay completes it`, () =>
       Effect.gen(function*() {

@@ -17,7 +17,6 @@
  * fails (or always, with `REBUNO_PYTHON_SDK_TRACE=1`), every request the SDK
  * sent and the kernel's answer are printed with the agents' output.
  */
-import { NodeHttpClient } from "@effect/platform-node"
 import { expect, layer } from "@effect/vitest"
 import { Context, Effect, Exit, Layer } from "effect"
 import type { Scope } from "effect"
@@ -26,6 +25,7 @@ import * as Kernel from "effect-rebuno/kernel"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
+import * as Embedded from "../support/embedded.js"
 import {
   freePort,
   type PythonAgent,
@@ -47,18 +47,12 @@ interface Shared {
 
 class Env extends Context.Service<Env, Shared>()("test/PythonSdk/Env") {}
 
-const clientFor = (baseUrl: string) =>
-  Effect.map(
-    Layer.build(Client.layer({ baseUrl }).pipe(Layer.provide(NodeHttpClient.layerUndici))),
-    (context) => Context.get(context, Client.Client)
-  )
-
 const EnvLive = Layer.effect(
   Env,
   Effect.gen(function*() {
     const python = yield* Effect.orDie(venvPython)
     const kernel = yield* Kernel.start({ stage: "current" })
-    const client = yield* clientFor(kernel.url)
+    const client = yield* Embedded.client(kernel.url)
     return { python, kernel, client }
   })
 )
@@ -124,6 +118,18 @@ const waitTerminal = (baseUrl: string, id: string, timeoutMs = 20_000) =>
 /** The `execution.*` and `step.*` event types, in order. */
 const lifecycle = (events: ReadonlyArray<{ readonly type: string }>) =>
   events.map((e) => e.type).filter((t) => t.startsWith("execution.") || t.startsWith("step."))
+
+/** The lifecycle of a step that ran live and succeeded. */
+const STEP_SUCCEEDED: ReadonlyArray<string> = ["step.proposed", "step.allowed", "step.executing", "step.succeeded"]
+
+/** The lifecycle of a run of two live steps that completed. */
+const TWO_STEPS_COMPLETED: ReadonlyArray<string> = [
+  "execution.created",
+  "execution.started",
+  ...STEP_SUCCEEDED,
+  ...STEP_SUCCEEDED,
+  "execution.completed"
+]
 
 const counter = (dir: string, name: string) => {
   const path = Path.join(dir, name)
@@ -226,6 +232,33 @@ const flow = <A, E>(
     )
   })
 
+/** A kernel of its own with a short lease, so a lost run is reclaimed quickly; the flow on it, and a client. */
+const shortLeaseKernel = (t: FlowContext) =>
+  Effect.gen(function*() {
+    const kernel = yield* Kernel.start({ stage: "current", settings: { leaseTimeoutMs: 3_000 } })
+    const client = yield* Embedded.client(kernel.url)
+    return { kernel, local: { ...t, kernelUrl: kernel.url }, client }
+  })
+
+/**
+ * Runs a Python `Client` script of `test/python/` against `kernelUrl` through
+ * a recording proxy (in the flow's trace); answers the JSON it printed.
+ */
+const runClientScript = (t: FlowContext, kernelUrl: string, script: string, env?: Record<string, string>) =>
+  Effect.gen(function*() {
+    const clientProxy = yield* recordingProxy(kernelUrl)
+    t.trace.entries.push({ name: script, output: () => "(in the error, if it failed)", proxy: clientProxy })
+    const report = (yield* runScript({
+      python: t.python,
+      script,
+      kernelUrl: clientProxy.url,
+      counterDir: t.counterDir,
+      timeoutMs: 45_000,
+      env
+    })) as Json
+    return { report, clientProxy }
+  })
+
 /** Every request the SDK sent was signed `v1=` and answered 2xx. */
 const expectCleanWire = (proxy: RecordingProxy) => {
   const signed = proxy.exchanges.filter((e) => e.headers["rebuno-signature"] !== undefined)
@@ -266,19 +299,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
             StepId.make({ executionId: created.id, kind: "tool_call", target: step.target, argsHash, occurrence: 0 })
           )
         }
-        expect(lifecycle(yield* t.client.events(created.id))).toEqual([
-          "execution.created",
-          "execution.started",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
-          "execution.completed"
-        ])
+        expect(lifecycle(yield* t.client.events(created.id))).toEqual(TWO_STEPS_COMPLETED)
 
         // C.3: published once at start-up, with the schema of `process(query: str)`
         const metadata = proxy.exchanges.filter((e) => e.path === "/v0/agents/hello/metadata")
@@ -334,15 +355,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
           ].join("\n")
         })
         // the Python client's calls go through a recording proxy too
-        const clientProxy = yield* recordingProxy(t.kernelUrl)
-        t.trace.entries.push({ name: "approve.py", output: () => "(in the error, if it failed)", proxy: clientProxy })
-        const report = (yield* runScript({
-          python: t.python,
-          script: "approve.py",
-          kernelUrl: clientProxy.url,
-          counterDir: t.counterDir,
-          timeoutMs: 45_000
-        })) as Json
+        const { report, clientProxy } = yield* runClientScript(t, t.kernelUrl, "approve.py")
         const id: string = report.created.id
         expect(report.created).toMatchObject({ agent_id: "deployer", status: "running", input: { service: "billing" } })
         expect(report.blocked.status).toBe("blocked")
@@ -363,10 +376,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
         expect(types.filter((t) => !t.startsWith("dispatch."))).toEqual([
           "execution.created",
           "execution.started",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
+          ...STEP_SUCCEEDED,
           "step.proposed",
           "step.awaiting_approval",
           "approval.requested",
@@ -399,10 +409,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
   it.effect("crash and replay: SIGKILL mid-run, the recorded step replays", () =>
     flow((t) =>
       Effect.gen(function*() {
-        // a kernel of its own with a short lease, so the lost run is reclaimed quickly
-        const kernel = yield* Kernel.start({ stage: "current", settings: { leaseTimeoutMs: 3_000 } })
-        const local = { ...t, kernelUrl: kernel.url }
-        const client = yield* clientFor(kernel.url)
+        const { kernel, local, client } = yield* shortLeaseKernel(t)
         const { agent, proxy, restart } = yield* launch(local, {
           script: "crashy.py",
           agentId: "crashy",
@@ -433,19 +440,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
         expect(after.exchanges.every((e) => e.headers["rebuno-dispatch-attempt"] !== "1")).toBe(true)
 
         const events = yield* client.events(created.id)
-        expect(lifecycle(events)).toEqual([
-          "execution.created",
-          "execution.started",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
-          "execution.completed"
-        ])
+        expect(lifecycle(events)).toEqual(TWO_STEPS_COMPLETED)
         const acked = events.filter((e) => e.type === "dispatch.acked").map((e) => (e.payload as Json).attempt)
         expect(acked[0]).toBe(1)
         expect(acked.at(-1)).toBeGreaterThan(1)
@@ -586,15 +581,9 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
         expect(lifecycle(events)).toEqual([
           "execution.created",
           "execution.started",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
+          ...STEP_SUCCEEDED,
           "step.rate_limited",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
+          ...STEP_SUCCEEDED,
           "execution.completed"
         ])
         expect(events.find((e) => e.type === "step.rate_limited")!.payload).toMatchObject({
@@ -610,10 +599,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
   it.effect("resources: a checkpointed directory, a crash mid-run, and a fork restored from the last checkpoint", () =>
     flow((t) =>
       Effect.gen(function*() {
-        // a kernel of its own with a short lease, so the lost run is reclaimed quickly
-        const kernel = yield* Kernel.start({ stage: "current", settings: { leaseTimeoutMs: 3_000 } })
-        const local = { ...t, kernelUrl: kernel.url }
-        const client = yield* clientFor(kernel.url)
+        const { kernel, local, client } = yield* shortLeaseKernel(t)
         const root = yield* tempDir
         const env = { WORKSPACE_ROOT: root }
         const { agent, proxy, restart } = yield* launch(local, {
@@ -673,16 +659,10 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
         // restore: fork at the checkpoint taken after b.txt, with the SDK's Client.fork
         const afterB = resourceEvents[4]!
         const bRef = (afterB.payload as Json).checkpoint_ref as string
-        const clientProxy = yield* recordingProxy(kernel.url)
-        t.trace.entries.push({ name: "forker.py", output: () => "(in the error, if it failed)", proxy: clientProxy })
-        const report = (yield* runScript({
-          python: t.python,
-          script: "forker.py",
-          kernelUrl: clientProxy.url,
-          counterDir: t.counterDir,
-          timeoutMs: 45_000,
-          env: { SOURCE_ID: created.id, AT_SEQ: String(afterB.eventSeq) }
-        })) as Json
+        const { report, clientProxy } = yield* runClientScript(t, kernel.url, "forker.py", {
+          SOURCE_ID: created.id,
+          AT_SEQ: String(afterB.eventSeq)
+        })
         expect(report.forked).toMatchObject({
           agent_id: "workspace",
           status: "running",
@@ -739,16 +719,11 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
 
         const fork = (env: Record<string, string>) =>
           Effect.gen(function*() {
-            const clientProxy = yield* recordingProxy(t.kernelUrl)
-            t.trace.entries.push({ name: "forker.py", output: () => "(in the error, if it failed)", proxy: clientProxy })
-            const report = (yield* runScript({
-              python: t.python,
-              script: "forker.py",
-              kernelUrl: clientProxy.url,
-              counterDir: t.counterDir,
-              timeoutMs: 45_000,
-              env: { SOURCE_ID: created.id, AT_SEQ: String(fetchSettled), ...env }
-            })) as Json
+            const { report, clientProxy } = yield* runClientScript(t, t.kernelUrl, "forker.py", {
+              SOURCE_ID: created.id,
+              AT_SEQ: String(fetchSettled),
+              ...env
+            })
             expect(clientProxy.exchanges.map((e) => e.status)).toEqual([201])
             return report.forked as Json
           })
@@ -795,10 +770,7 @@ layer(EnvLive, { timeout: "480 seconds", excludeTestServices: true })("Python SD
         expect(lifecycle(forkedEvents)).toEqual([
           "execution.created",
           "execution.forked",
-          "step.proposed",
-          "step.allowed",
-          "step.executing",
-          "step.succeeded",
+          ...STEP_SUCCEEDED,
           "execution.started",
           "step.proposed",
           "step.denied",

@@ -6,7 +6,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Redacted } from "effect"
 import { TestClock } from "effect/testing"
-import { readFileSync } from "node:fs"
 import * as ApiKeys from "../../src/kernel/internal/apiKeys.js"
 import * as Routes from "../../src/kernel/Routes.js"
 import {
@@ -22,10 +21,7 @@ import {
   UNKNOWN_ID,
   VALIDATION
 } from "../support/currentRoutes.js"
-
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as { readonly api_key: { readonly token: string; readonly secret_part_length: number; readonly stored_sha256: string } }
+import { vectors } from "../support/currentVectors.js"
 
 const TOKEN = /^rbk_[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\.[A-Za-z0-9_-]{43}$/
 const NAME_AND_SCOPES =

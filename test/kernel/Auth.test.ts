@@ -6,7 +6,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
-import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
 import * as Dispatcher from "../../src/kernel/Dispatcher.js"
 import * as Routes from "../../src/kernel/Routes.js"
@@ -27,23 +26,9 @@ import {
   UNKNOWN_ID,
   VALIDATION
 } from "../support/currentRoutes.js"
+import { v1Vector, vectorRequest } from "../support/currentVectors.js"
 
-interface V1Vector {
-  readonly name: string
-  readonly method: string
-  readonly target: string
-  readonly dispatch_id: string
-  readonly dispatch_attempt: string
-  readonly body: string
-  readonly signature: string
-  readonly secret: string
-  readonly timestamp: string
-}
-
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as { readonly v1_requests: ReadonlyArray<V1Vector> }
-const metadataVector = vectors.v1_requests.find((v) => v.name === "metadata_put")!
+const metadataVector = v1Vector("metadata_put")
 
 const CONFLICT_TERMINAL = "{\"code\":\"conflict\",\"message\":\"conflict: execution is already terminal\"}\n"
 const CONFLICT = "{\"code\":\"conflict\",\"message\":\"conflict\"}\n"
@@ -406,15 +391,7 @@ describe("current stage: agent metadata (C.3)", () => {
       const h = yield* harness()
       yield* h.core.registerAgent({ id: "test-agent", webhookUrl: "http://127.0.0.1:9/t", secret: metadataVector.secret })
       yield* TestClock.setTime(Number(metadataVector.timestamp) * 1000)
-      const res = yield* h.handle(request(metadataVector.method, metadataVector.target, {
-        body: metadataVector.body,
-        headers: {
-          "Content-Type": "application/json",
-          "Rebuno-Agent-Id": "test-agent",
-          "Rebuno-Timestamp": metadataVector.timestamp,
-          "Rebuno-Signature": metadataVector.signature
-        }
-      }))
+      const res = yield* h.handle(vectorRequest(metadataVector, { "Content-Type": "application/json" }))
       expect(res).toEqual({ status: 204, headers: {}, body: "" })
       expect((yield* h.core.getAgent("test-agent")).metadata).toEqual({
         description: "Answers questions",

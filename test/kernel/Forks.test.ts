@@ -10,38 +10,29 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
 import * as StepId from "../../src/StepId.js"
 import {
+  allIds,
+  errorBody,
   FORBIDDEN,
   type Harness,
   harness,
+  leaseOf,
   NOT_FOUND,
   NOT_FOUND_PAGE,
+  RECORDED,
   request,
   running,
   type Running,
+  seqOf,
   UNKNOWN_ID,
-  VALIDATION
+  validationError,
+  VALIDATION,
+  wireEvents
 } from "../support/currentRoutes.js"
-
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as {
-  readonly fork_rename: {
-    readonly kind: string
-    readonly target: string
-    readonly occurrence: number
-    readonly args_canonical: string
-    readonly args_hash: string
-    readonly source_execution_id: string
-    readonly source_step_id: string
-    readonly fork_execution_id: string
-    readonly fork_step_id: string
-  }
-}
+import { vectors } from "../support/currentVectors.js"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -49,9 +40,6 @@ const vectors = JSON.parse(
 
 type Json = any
 
-const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
-const validationError = (message: string) => errorBody("validation_error", message)
-const RECORDED = "{\"decision\":\"recorded\"}\n"
 const EPOCH = "1970-01-01T00:00:00Z"
 
 const submit = (h: Harness, run: Running, target: string, extra: Record<string, unknown> = {}) =>
@@ -98,34 +86,8 @@ const claimRun = (h: Harness, id: string) =>
   Effect.map(h.core.claimDue(100), (claims) => {
     const claim = claims.find((c) => c.executionId === id)
     if (claim === undefined) throw new Error("no dispatch for " + id)
-    return {
-      id,
-      lease: { "Rebuno-Dispatch-Id": claim.dispatchId, "Rebuno-Dispatch-Attempt": String(claim.attempt) }
-    } satisfies Running
+    return { id, lease: leaseOf(claim) } satisfies Running
   })
-
-interface WireEvent {
-  readonly seq: number
-  readonly type: string
-  readonly payload: Json
-}
-
-const events = (h: Harness, id: string) =>
-  Effect.map(
-    h.send("GET", `/v0/executions/${id}/events?limit=1000`),
-    (res) =>
-      (JSON.parse(res.body) ?? []).map((e: Json) => ({ seq: e.event_seq, type: e.type, payload: e.payload })) as Array<
-        WireEvent
-      >
-  )
-
-const seqOf = (h: Harness, id: string) => Effect.map(h.core.eventLog(id), (log) => log.length)
-
-const allIds = (h: Harness) =>
-  Effect.map(
-    h.core.listExecutions({ agentId: "", status: "", cursor: undefined, limit: 200 }),
-    (page) => page.executions.map((e) => e.id)
-  )
 
 const apiKey = (h: Harness, scopes: ReadonlyArray<string>) =>
   Effect.map(
@@ -222,7 +184,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         expect((yield* h.send("GET", `/v0/executions/${id}`)).body).toBe(res.body)
 
         const a = renamed(id, "a")
-        const sourceEvents = yield* events(h, src.run.id)
+        const sourceEvents = yield* wireEvents(h, src.run.id)
         const copiedFromSource = sourceEvents
           .filter((e) => e.seq <= src.afterA && e.type.startsWith("step.") && e.payload.step_id === src.a)
           .map((e) => [e.type, { ...e.payload, step_id: a }])
@@ -232,7 +194,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
           "step.executing",
           "step.succeeded"
         ])
-        const log = yield* events(h, id)
+        const log = yield* wireEvents(h, id)
         expect(log.map((e) => [e.type, e.payload])).toEqual([
           ["execution.created", { execution_id: id, status: "pending" }],
           ["execution.forked", { fork_seq: src.afterA, policy_override: false, source_execution_id: src.run.id }],
@@ -260,7 +222,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         // c was still executing at the fork point: not copied, it runs live
         const c = yield* submit(h, run, "c")
         expect(c).toEqual({ decision: "proceed", step_id: renamed(fork.id, "c") })
-        const types = (yield* events(h, fork.id)).map((e) => e.type)
+        const types = (yield* wireEvents(h, fork.id)).map((e) => e.type)
         expect(types.slice(-3)).toEqual(["step.proposed", "step.allowed", "step.executing"])
         expect(types.filter((t) => t === "step.succeeded")).toHaveLength(2)
       }))
@@ -315,7 +277,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         const h = yield* harness()
         const src = yield* source(h)
         const fork = yield* forked(h, src.run.id, { at_seq: src.afterA, policy_bundle: DENY_LIVE })
-        const log = yield* events(h, fork.id)
+        const log = yield* wireEvents(h, fork.id)
         expect(log[1]).toMatchObject({ type: "execution.forked", payload: { policy_override: true } })
         const run = yield* claimRun(h, fork.id)
         expect((yield* submit(h, run, "a")).decision).toBe("replay")
@@ -329,7 +291,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         expect((yield* submit(h, src.run, "d")).decision).toBe("proceed")
         // a fork of the fork inherits its bundle
         const again = yield* forked(h, fork.id, { at_seq: 3 })
-        expect((yield* events(h, again.id))[1]).toMatchObject({
+        expect((yield* wireEvents(h, again.id))[1]).toMatchObject({
           type: "execution.forked",
           payload: { policy_override: false, fork_seq: 3, source_execution_id: fork.id }
         })
@@ -376,7 +338,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
           "created_at",
           "updated_at"
         ])
-        const log = yield* events(h, fork.id)
+        const log = yield* wireEvents(h, fork.id)
         expect(log.map((e) => [e.type, e.payload])).toEqual([
           ["execution.created", { execution_id: fork.id, session: "branch", status: "pending" }],
           ["execution.forked", { fork_seq: 1, policy_override: false, source_execution_id: second.id }],
@@ -428,7 +390,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         expect(res.body).toContain(
           `"fork_seq":${covered},"restoration":{"workspace":{"checkpoint_ref":"snap-1","checkpoint_seq":10,"covered":true}},`
         )
-        const log = yield* events(h, fork.id)
+        const log = yield* wireEvents(h, fork.id)
         expect(log.map((e) => [e.seq, e.type, e.payload])).toEqual([
           [1, "execution.created", { execution_id: fork.id, status: "pending" }],
           [2, "execution.forked", {
@@ -517,7 +479,7 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
           step_id: renamed(execution.id, "b"),
           error: { message: "declined" }
         })
-        const log = yield* events(h, execution.id)
+        const log = yield* wireEvents(h, execution.id)
         expect(log.filter((e) => e.payload.target === "b").map((e) => e.type)).toEqual([
           "step.proposed",
           "step.allowed",

@@ -13,29 +13,32 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { createHash } from "node:crypto"
-import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
 import * as Signature from "../../src/Signature.js"
 import {
+  claim,
+  create,
+  errorBody,
+  EXECUTION_TERMINAL,
   FORBIDDEN,
   type Harness,
   harness,
+  LEASE_SUPERSEDED,
+  leaseOf,
   NOT_FOUND,
   NOT_FOUND_PAGE,
+  RECORDED,
   request,
   running,
   type Running,
+  seqOf,
   UNKNOWN_ID,
-  VALIDATION
+  validationError,
+  VALIDATION,
+  wireEvents
 } from "../support/currentRoutes.js"
-
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as {
-  readonly resource_configuration_fingerprint: { readonly canonical: string; readonly sha256: string }
-  readonly v1_requests: ReadonlyArray<{ readonly name: string; readonly body: string }>
-}
+import { vectors } from "../support/currentVectors.js"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -43,11 +46,6 @@ const vectors = JSON.parse(
 
 type Json = any
 
-const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
-const validationError = (message: string) => errorBody("validation_error", message)
-const RECORDED = "{\"decision\":\"recorded\"}\n"
-const EXECUTION_TERMINAL = errorBody("execution_terminal", "execution terminal")
-const LEASE_SUPERSEDED = errorBody("lease_superseded", "dispatch lease superseded")
 const STALE_LEASE = { "Rebuno-Dispatch-Id": "01920000-0000-7000-8000-000000000001", "Rebuno-Dispatch-Attempt": "1" }
 
 /** The Python SDK's registration body of the C.14 vector (spaces after `,` and `:`). */
@@ -92,25 +90,8 @@ const outcome = (h: Harness, run: Running, stepId: string, route: "complete" | "
 const complete = (h: Harness, run: Running, stepId: string, body: unknown = { result: "ok" }) =>
   Effect.map(outcome(h, run, stepId, "complete", body), (res) => expect(res.body).toBe(RECORDED))
 
-interface WireEvent {
-  readonly seq: number
-  readonly type: string
-  readonly payload: Json
-}
-
-const events = (h: Harness, id: string) =>
-  Effect.map(
-    h.send("GET", `/v0/executions/${id}/events?limit=1000`),
-    (res) =>
-      (JSON.parse(res.body) ?? []).map((e: Json) => ({ seq: e.event_seq, type: e.type, payload: e.payload })) as Array<
-        WireEvent
-      >
-  )
-
 const eventsAfter = (h: Harness, id: string, seq: number) =>
-  Effect.map(events(h, id), (all) => all.filter((e) => e.seq > seq).map((e) => [e.type, e.payload] as const))
-
-const seqOf = (h: Harness, id: string) => Effect.map(h.core.eventLog(id), (log) => log.length)
+  Effect.map(wireEvents(h, id), (all) => all.filter((e) => e.seq > seq).map((e) => [e.type, e.payload] as const))
 
 const forkPoints = (h: Harness, id: string) =>
   Effect.map(h.send("GET", `/v0/executions/${id}/fork-points`), (res) => {
@@ -128,13 +109,19 @@ const redeliver = (h: Harness, run: Running) =>
   Effect.gen(function*() {
     yield* h.core.expireLeases()
     const claim = (yield* h.core.claimDue(100)).find((c) => c.executionId === run.id)!
-    return {
-      id: run.id,
-      lease: { "Rebuno-Dispatch-Id": claim.dispatchId, "Rebuno-Dispatch-Attempt": String(claim.attempt) }
-    } satisfies Running
+    return { id: run.id, lease: leaseOf(claim) } satisfies Running
   })
 
 const WORKSPACE = { key: "workspace", driver_id: "example.e2b.v1", configuration: { timeout: 600 } }
+
+/** A fresh kernel with a running execution of `hello` that registered `resource`. */
+const withResource = (resource: unknown = WORKSPACE) =>
+  Effect.gen(function*() {
+    const h = yield* harness()
+    const run = yield* running(h)
+    yield* register(h, run, resource)
+    return { h, run }
+  })
 
 // ---------------------------------------------------------------------------
 
@@ -223,9 +210,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("an existing key with another driver, configuration or coverage_reuse: 409, nothing changed", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, SDK_REGISTRATION)
+        const { h, run } = yield* withResource(SDK_REGISTRATION)
         const seq = yield* seqOf(h, run.id)
         const conflict = errorBody(
           "conflict",
@@ -336,9 +321,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
   describe("binding (C.6.3)", () => {
     it.effect("bind: 204 and resource.bound; the same JSON again writes nothing; other JSON is a 409", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, SDK_REGISTRATION)
+        const { h, run } = yield* withResource(SDK_REGISTRATION)
         const seq = yield* seqOf(h, run.id)
         const bound = yield* bind(h, run, "workspace", "{\"binding\": {\"sandbox_id\": \"sbx-1\", \"region\": \"eu\"}}")
         expect(bound).toMatchObject({ status: 204, body: "" })
@@ -365,9 +348,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("bad input: body, lease headers, binding required, then 404s — nothing changed", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, WORKSPACE)
+        const { h, run } = yield* withResource()
         const seq = yield* seqOf(h, run.id)
         expect(yield* bind(h, run, "workspace", { binding: 1, extra: 2 })).toMatchObject({
           status: 400,
@@ -399,9 +380,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
   describe("resources on submit and in proceed (C.6.4)", () => {
     it.effect("a declared resource: proceed lists it with its generation and due; step.executing carries both", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 2 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 2 })
         const seq = yield* seqOf(h, run.id)
         const first = yield* submit(h, run, { target: "write", args: { n: 1 }, resources: ["workspace"] })
         const stepId = JSON.parse(first.body).step_id as string
@@ -424,9 +403,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("undeclared resources: bumped unless coverage_reuse; an llm_call's declaration is ignored", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         yield* register(h, run, { key: "cache", driver_id: "kv", coverage_reuse: true, every_steps: 1 })
         const llm = yield* decide(h, run, { kind: "llm_call", target: "gpt", args: { p: 1 }, resources: ["workspace"] })
         expect(llm.resources).toEqual([{ key: "workspace", generation: 1 }])
@@ -455,9 +432,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("a declared key must be registered (400, nothing written); replays ignore the declaration", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, WORKSPACE)
+        const { h, run } = yield* withResource()
         const seq = yield* seqOf(h, run.id)
         expect(yield* submit(h, run, { target: "t", resources: ["workspace", "nope"] })).toMatchObject({
           status: 400,
@@ -474,9 +449,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("starting a step invalidates the open checkpoints of every key it touches, at step.executing", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         expect(yield* publish(h, run, { captures: [{ key: "workspace", generation: 0, checkpoint_ref: "snap-0" }] }))
           .toMatchObject({ status: 204 })
         expect(yield* current(h, run)).toMatchObject({ generation: 0, covered: true })
@@ -506,7 +479,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
         expect(yield* h.core.listResources(run.id)).toMatchObject([{ generation: 0 }])
         yield* h.core.grantApproval(blocked.approval_id, { decidedBy: "alice", rationale: "" })
         const [claim] = yield* h.core.claimDue(10)
-        const again = { id: run.id, lease: { "Rebuno-Dispatch-Id": claim!.dispatchId, "Rebuno-Dispatch-Attempt": "1" } }
+        const again = { id: run.id, lease: leaseOf(claim!) }
         const seq = yield* seqOf(h, run.id)
         const proceed = yield* decide(h, again, { target: "deploy", resources: ["workspace"] })
         expect(proceed).toEqual({
@@ -527,17 +500,10 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("an orphaned safe_to_retry step re-run touches again; one that touches nothing writes no event", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         yield* register(h, run, { key: "cache", driver_id: "kv", coverage_reuse: true })
         const writer = yield* decide(h, run, { target: "write", resources: ["workspace"] })
-        yield* h.core.expireLeases()
-        const [claim] = yield* h.core.claimDue(10)
-        const rerun = {
-          id: run.id,
-          lease: { "Rebuno-Dispatch-Id": claim!.dispatchId, "Rebuno-Dispatch-Attempt": String(claim!.attempt) }
-        }
+        const rerun = yield* redeliver(h, run)
         const seq = yield* seqOf(h, run.id)
         const again = yield* decide(h, rerun, { target: "write", resources: ["workspace"] })
         expect(again).toEqual({
@@ -552,12 +518,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
         const run2 = yield* running(h2)
         yield* register(h2, run2, { key: "cache", driver_id: "kv", coverage_reuse: true })
         const reader = yield* decide(h2, run2, { target: "read" })
-        yield* h2.core.expireLeases()
-        const [claim2] = yield* h2.core.claimDue(10)
-        const rerun2 = {
-          id: run2.id,
-          lease: { "Rebuno-Dispatch-Id": claim2!.dispatchId, "Rebuno-Dispatch-Attempt": String(claim2!.attempt) }
-        }
+        const rerun2 = yield* redeliver(h2, run2)
         const seq2 = yield* seqOf(h2, run2.id)
         expect(yield* decide(h2, rerun2, { target: "read" })).toEqual({ decision: "proceed", step_id: reader.step_id })
         expect(yield* seqOf(h2, run2.id)).toBe(seq2)
@@ -567,9 +528,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
   describe("captures on step outcomes (C.6.5)", () => {
     it.effect("an accepted capture: resource.checkpointed covering from the outcome event; covered", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         const step = yield* decide(h, run, { target: "write", resources: ["workspace"] })
         const seq = yield* seqOf(h, run.id)
         const res = yield* outcome(h, run, step.step_id, "complete", {
@@ -594,9 +553,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("failures first, then each capture refused by the first reason in order; the outcome stands", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         yield* register(h, run, { key: "db", driver_id: "sql" })
         const writer = yield* decide(h, run, { target: "write", resources: ["workspace", "db"] })
         // another executing step declares db: captures of db are refused while it runs
@@ -635,9 +592,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("a replayed outcome records nothing; bad capture entries are a 400 with nothing changed", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         const step = yield* decide(h, run, { target: "write", resources: ["workspace"] })
         const seq = yield* seqOf(h, run.id)
         for (
@@ -667,9 +622,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
   describe("POST …/resources/checkpoints (C.6.6)", () => {
     it.effect("204; recorded as on an outcome, covering from the latest seq", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, { ...WORKSPACE, every_steps: 1 })
+        const { h, run } = yield* withResource({ ...WORKSPACE, every_steps: 1 })
         const seq = yield* seqOf(h, run.id)
         const res = yield* publish(h, run, {
           captures: [{ key: "workspace", generation: 0, checkpoint_ref: "base" }, {
@@ -698,9 +651,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("bad input: body, lease headers, 404, 403, lease — nothing changed", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, WORKSPACE)
+        const { h, run } = yield* withResource()
         const seq = yield* seqOf(h, run.id)
         expect(yield* publish(h, run, { captures: [], extra: 1 })).toMatchObject({ status: 400, body: VALIDATION })
         expect(yield* publish(h, run, {}, "hello", {})).toMatchObject({
@@ -746,20 +697,11 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
 
     it.effect("a step settled by its subagent counts against its resources (C.5.3)", () =>
       Effect.gen(function*() {
-        const h = yield* harness()
-        const run = yield* running(h)
-        yield* register(h, run, WORKSPACE)
+        const { h, run } = yield* withResource()
         const step = yield* decide(h, run, { target: "delegate", resources: ["workspace"] })
-        const created = yield* h.send("POST", "/v0/executions", {
-          body: JSON.stringify({ agent_id: "other", spawned_by: { execution_id: run.id, step_id: step.step_id } })
-        })
+        const created = yield* create(h, { agent_id: "other", spawned_by: { execution_id: run.id, step_id: step.step_id } })
         const child = JSON.parse(created.body).id as string
-        const claims = yield* h.core.claimDue(10)
-        const claim = claims.find((c) => c.executionId === child)!
-        yield* h.agent("other", "POST", `/v0/executions/${child}/complete`, "{\"output\":\"done\"}", {
-          "Rebuno-Dispatch-Id": claim.dispatchId,
-          "Rebuno-Dispatch-Attempt": "1"
-        })
+        yield* h.agent("other", "POST", `/v0/executions/${child}/complete`, "{\"output\":\"done\"}", yield* claim(h, child))
         expect(yield* h.core.getStep(run.id, step.step_id)).toMatchObject({ status: "succeeded", resultRaw: "\"done\"" })
         expect(yield* current(h, run)).toMatchObject({ count: 1 })
       }))
@@ -773,10 +715,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
           h.send("POST", "/v0/executions", { body: JSON.stringify({ agent_id: "hello", input, session: "s1" }) })
         const first = JSON.parse((yield* create(1)).body).id as string
         const [claim] = yield* h.core.claimDue(10)
-        const run: Running = {
-          id: first,
-          lease: { "Rebuno-Dispatch-Id": claim!.dispatchId, "Rebuno-Dispatch-Attempt": "1" }
-        }
+        const run: Running = { id: first, lease: leaseOf(claim!) }
         yield* register(h, run, { ...WORKSPACE, every_steps: 2 })
         yield* bind(h, run, "workspace", { binding: { sandbox_id: "sbx-1" } })
         yield* publish(h, run, { captures: [{ key: "workspace", generation: 0, checkpoint_ref: "snap" }] })
@@ -785,7 +724,7 @@ describe("Resources (PROTOCOL-CURRENT C.6)", () => {
         const second = JSON.parse((yield* create(2)).body).id as string
         yield* h.agent("hello", "POST", `/v0/executions/${first}/complete`, "{\"output\":1}", run.lease)
 
-        const log = yield* events(h, second)
+        const log = yield* wireEvents(h, second)
         expect(log.map((e) => [e.type, e.payload])).toEqual([
           ["execution.created", { execution_id: second, session: "s1", status: "pending" }],
           ["execution.started", { execution_id: second, parent_execution_id: first, session: "s1", status: "running" }],

@@ -9,41 +9,30 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
-import { readFileSync } from "node:fs"
 import * as Core from "../../src/kernel/Core.js"
-import * as Routes from "../../src/kernel/Routes.js"
 import {
+  allIds,
+  APPROVE_SEND_EMAIL,
+  claim,
+  create,
+  endExecution,
+  errorBody,
+  eventsFrom,
   eventTypes,
+  EXECUTION_TERMINAL,
   FORBIDDEN,
   type Harness,
   harness,
   NOT_FOUND,
   NOT_FOUND_PAGE,
-  request,
   running,
+  submitSendEmail,
   UNKNOWN_ID,
   VALIDATION
 } from "../support/currentRoutes.js"
-
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as {
-  readonly v1_requests: ReadonlyArray<{
-    readonly name: string
-    readonly method: string
-    readonly target: string
-    readonly dispatch_id: string
-    readonly dispatch_attempt: string
-    readonly body: string
-    readonly signature: string
-    readonly secret: string
-    readonly timestamp: string
-  }>
-}
-const vector = (name: string) => vectors.v1_requests.find((v) => v.name === name)!
+import { expectVectorLeaseSuperseded, v1Vector, vectorKernel, vectorRequest } from "../support/currentVectors.js"
 
 const T0 = "1970-01-01T00:00:00Z"
-const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
 const BAD_SESSION = errorBody(
   "validation_error",
   "validation error: session must be a nonblank UTF-8 string of at most 256 bytes without NUL"
@@ -57,9 +46,6 @@ const PARENT_CONFLICT = errorBody(
   "conflict: the parent must be a completed execution of the same agent"
 )
 
-const create = (h: Harness, body: Record<string, unknown>) =>
-  h.send("POST", "/v0/executions", { body: JSON.stringify(body) })
-
 /** Creates and answers the parsed execution (the create must be a 201). */
 const created = (h: Harness, body: Record<string, unknown>) =>
   Effect.map(create(h, body), (res) => {
@@ -67,44 +53,15 @@ const created = (h: Harness, body: Record<string, unknown>) =>
     return JSON.parse(res.body) as Record<string, unknown> & { readonly id: string; readonly status: string }
   })
 
-const claimed = new WeakMap<Core.KernelCore, Map<string, Record<string, string>>>()
-
-/** Claims every due dispatch (remembering them); answers the lease headers of `id`'s latest claim. */
-const claim = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims) => {
-    let leases = claimed.get(h.core)
-    if (leases === undefined) claimed.set(h.core, leases = new Map())
-    for (const c of claims) {
-      leases.set(c.executionId, { "Rebuno-Dispatch-Id": c.dispatchId, "Rebuno-Dispatch-Attempt": String(c.attempt) })
-    }
-    const lease = leases.get(id)
-    if (lease === undefined) throw new Error("no dispatch for " + id)
-    return lease
-  })
-
 /** Claims `id`'s dispatch and completes the execution over the wire with this body. */
 const complete = (h: Harness, id: string, body: string, agentId = "hello") =>
-  Effect.gen(function*() {
-    const lease = yield* claim(h, id)
-    const res = yield* h.agent(agentId, "POST", `/v0/executions/${id}/complete`, body, lease)
-    expect(res.status).toBe(204)
-  })
+  endExecution(h, id, "complete", body, agentId)
 
 const getExecution = (h: Harness, id: string) =>
   Effect.map(h.send("GET", `/v0/executions/${id}`), (res) => JSON.parse(res.body) as Record<string, unknown>)
 
-const events = (h: Harness, id: string) =>
-  Effect.map(h.core.eventLog(id), (log) => log.map((e) => [e.type, JSON.parse(e.payload)] as const))
-
 const previous = (h: Harness, id: string, agentId = "hello") =>
   h.agent(agentId, "GET", `/v0/executions/${id}/previous`)
-
-/** Every execution id the kernel holds, newest first. */
-const allIds = (h: Harness) =>
-  Effect.map(
-    h.core.listExecutions({ agentId: "", status: "", cursor: undefined, limit: 200 }),
-    (page) => page.executions.map((e) => e.id)
-  )
 
 describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
   describe("create", () => {
@@ -119,7 +76,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
             `"created_at":"${T0}","updated_at":"${T0}"}\n`
         )
         const [dispatch] = yield* h.core.dispatches(id)
-        expect(yield* events(h, id)).toEqual([
+        expect(yield* eventsFrom(h, id)).toEqual([
           ["execution.created", { execution_id: id, session: "chat:u42:c7", status: "pending" }],
           ["execution.started", { execution_id: id, session: "chat:u42:c7", status: "running" }],
           ["dispatch.queued", { attempt: 0, dispatch_id: dispatch!.id, execution_id: id, status: "pending" }]
@@ -155,7 +112,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
           created_at: T0,
           updated_at: T0
         })
-        expect(yield* events(h, second.id)).toEqual([
+        expect(yield* eventsFrom(h, second.id)).toEqual([
           ["execution.created", { execution_id: second.id, session: "s", status: "pending" }]
         ])
         expect(yield* h.core.dispatches(second.id)).toEqual([])
@@ -270,7 +227,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         const third = yield* created(h, { agent_id: "hello", session: "s" })
         yield* TestClock.adjust("1 second")
         yield* complete(h, first.id, "{\"output\":{\"turn\":1},\"state\":{\"messages\":[\"hi\"]}}")
-        expect(yield* events(h, second.id)).toMatchObject([
+        expect(yield* eventsFrom(h, second.id)).toMatchObject([
           ["execution.created", { execution_id: second.id, session: "s", status: "pending" }],
           [
             "execution.started",
@@ -304,9 +261,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         const cancelled = yield* created(h, { agent_id: "hello", session: "s" })
         const last = yield* created(h, { agent_id: "hello", session: "s" })
         expect(failing).toMatchObject({ status: "running", parent_execution_id: done.id })
-        const lease = yield* claim(h, failing.id)
-        expect((yield* h.agent("hello", "POST", `/v0/executions/${failing.id}/fail`, "{\"error\":\"boom\"}", lease)).status)
-          .toBe(204)
+        yield* endExecution(h, failing.id, "fail", "{\"error\":\"boom\"}")
         expect(yield* getExecution(h, cancelled.id)).toMatchObject({ status: "running", parent_execution_id: done.id })
         expect((yield* h.send("POST", `/v0/executions/${cancelled.id}/cancel`)).status).toBe(204)
         expect(yield* getExecution(h, last.id)).toMatchObject({ status: "running", parent_execution_id: done.id })
@@ -329,20 +284,11 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
     it.effect("a blocked execution keeps its session busy; resuming does not admit", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        yield* h.core.loadPolicy(
-          "hello",
-          "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then: { decision: require_approval }\n"
-        )
+        yield* h.core.loadPolicy("hello", APPROVE_SEND_EMAIL)
         const first = yield* created(h, { agent_id: "hello", session: "s" })
         const second = yield* created(h, { agent_id: "hello", session: "s" })
         const lease = yield* claim(h, first.id)
-        const submit = yield* h.agent(
-          "hello",
-          "POST",
-          `/v0/executions/${first.id}/steps`,
-          "{\"kind\":\"tool_call\",\"target\":\"send_email\",\"args\":{}}",
-          lease
-        )
+        const submit = yield* submitSendEmail(h, first.id, lease)
         const approvalId = JSON.parse(submit.body).approval_id as string
         expect((yield* getExecution(h, first.id)).status).toBe("blocked")
         expect((yield* getExecution(h, second.id)).status).toBe("pending")
@@ -360,7 +306,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         const second = yield* created(h, { agent_id: "hello", session: "s" })
         const third = yield* created(h, { agent_id: "hello", session: "s" })
         expect((yield* h.send("POST", `/v0/executions/${second.id}/cancel`)).status).toBe(204)
-        expect(yield* events(h, second.id)).toEqual([
+        expect(yield* eventsFrom(h, second.id)).toEqual([
           ["execution.created", { execution_id: second.id, session: "s", status: "pending" }],
           ["execution.cancelled", { execution_id: second.id, reason: "client_cancelled", status: "cancelled" }]
         ])
@@ -448,7 +394,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         yield* complete(h, runningOne.id, "{\"output\":{\"a\":1},\"state\":{\"s\":1}}")
         const child = yield* created(h, { agent_id: "hello", parent_execution_id: runningOne.id })
         expect(child).toMatchObject({ status: "running", parent_execution_id: runningOne.id })
-        expect(yield* events(h, child.id)).toMatchObject([
+        expect(yield* eventsFrom(h, child.id)).toMatchObject([
           ["execution.created", { execution_id: child.id, status: "pending" }],
           ["execution.started", { execution_id: child.id, parent_execution_id: runningOne.id, status: "running" }],
           ["dispatch.queued", {}]
@@ -489,7 +435,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         const res = yield* h.send("GET", `/v0/executions/${first.id}`)
         expect(res.body).not.toContain("messages")
         expect((yield* h.send("GET", `/v0/executions/${first.id}/events`)).body).not.toContain("messages")
-        expect((yield* events(h, first.id)).at(-1)).toEqual([
+        expect((yield* eventsFrom(h, first.id)).at(-1)).toEqual([
           "execution.completed",
           { execution_id: first.id, output: { answer: 42 }, status: "completed" }
         ])
@@ -531,47 +477,16 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
 
     it.effect("the C.14 previous vector is accepted as signed", () =>
       Effect.gen(function*() {
-        const v = vector("previous_get")
-        const core = yield* Core.make({ stage: "current" })
-        yield* core.registerAgent({ id: "test-agent", webhookUrl: "http://localhost:5000/webhook", secret: v.secret })
-        yield* core.createExecution({
-          agentId: "test-agent",
-          inputRaw: undefined,
-          agentVersion: undefined,
-          id: "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
-        })
-        yield* TestClock.setTime(Number(v.timestamp) * 1000)
-        const res = yield* Routes.make(core)(request(v.method, v.target, {
-          body: v.body,
-          headers: { "Rebuno-Agent-Id": "test-agent", "Rebuno-Timestamp": v.timestamp, "Rebuno-Signature": v.signature }
-        }))
+        const v = v1Vector("previous_get")
+        const { handle } = yield* vectorKernel(v, { claimed: false })
+        const res = yield* handle(vectorRequest(v))
         expect(res.status).toBe(200)
         expect(res.body).toBe("{\"state\":null}\n")
       }))
 
     it.effect("the C.14 complete-with-state vector passes the signature; a stale lease changes nothing", () =>
       Effect.gen(function*() {
-        const v = vector("complete_with_state")
-        const core = yield* Core.make({ stage: "current" })
-        yield* core.registerAgent({ id: "test-agent", webhookUrl: "http://localhost:5000/webhook", secret: v.secret })
-        const id = "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
-        yield* core.createExecution({ agentId: "test-agent", inputRaw: undefined, agentVersion: undefined, id })
-        yield* core.claimDue(10)
-        const before = yield* core.eventLog(id)
-        yield* TestClock.setTime(Number(v.timestamp) * 1000)
-        const res = yield* Routes.make(core)(request(v.method, v.target, {
-          body: v.body,
-          headers: {
-            "Rebuno-Agent-Id": "test-agent",
-            "Rebuno-Timestamp": v.timestamp,
-            "Rebuno-Signature": v.signature,
-            "Rebuno-Dispatch-Id": v.dispatch_id,
-            "Rebuno-Dispatch-Attempt": v.dispatch_attempt
-          }
-        }))
-        expect(res.status).toBe(409)
-        expect(res.body).toBe(errorBody("lease_superseded", "dispatch lease superseded"))
-        expect(yield* core.eventLog(id)).toEqual(before)
+        const { core, id } = yield* expectVectorLeaseSuperseded(v1Vector("complete_with_state"))
         expect((yield* core.getExecution(id)).status).toBe("running")
       }))
 
@@ -586,7 +501,7 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
         expect((yield* h.agent("hello", "POST", `/v0/executions/${id}/complete`, "{\"state\":[1]}", lease)).status).toBe(204)
         expect(yield* h.agent("hello", "POST", `/v0/executions/${id}/complete`, "{\"output\":2}", lease)).toMatchObject({
           status: 409,
-          body: errorBody("execution_terminal", "execution terminal")
+          body: EXECUTION_TERMINAL
         })
       }))
   })
@@ -650,18 +565,9 @@ describe("Sessions (PROTOCOL-CURRENT C.4)", () => {
     it.effect("complete/fail of a step that is neither settled nor executing is 409 conflict (C.8.7)", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        yield* h.core.loadPolicy(
-          "hello",
-          "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then: { decision: require_approval }\n"
-        )
+        yield* h.core.loadPolicy("hello", APPROVE_SEND_EMAIL)
         const { id, lease } = yield* running(h)
-        const submit = yield* h.agent(
-          "hello",
-          "POST",
-          `/v0/executions/${id}/steps`,
-          "{\"kind\":\"tool_call\",\"target\":\"send_email\",\"args\":{}}",
-          lease
-        )
+        const submit = yield* submitSendEmail(h, id, lease)
         const { approval_id: approvalId, step_id: stepId } = JSON.parse(submit.body)
         const seq = (yield* h.core.eventLog(id)).length
         for (const outcome of ["complete", "fail"]) {

@@ -9,60 +9,30 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
-import { readFileSync } from "node:fs"
-import * as Core from "../../src/kernel/Core.js"
-import * as Routes from "../../src/kernel/Routes.js"
 import {
+  allIds,
+  APPROVE_SEND_EMAIL,
+  claim,
+  create,
+  endExecution,
+  errorBody,
+  eventsFrom,
+  EXECUTION_TERMINAL,
   FORBIDDEN,
   type Harness,
   harness,
+  type Lease,
+  LEASE_SUPERSEDED,
   NOT_FOUND,
-  request,
+  seqOf,
+  submitSendEmail,
   UNKNOWN_ID,
   VALIDATION
 } from "../support/currentRoutes.js"
+import { expectVectorLeaseSuperseded, v1Vector } from "../support/currentVectors.js"
 
-const vectors = JSON.parse(
-  readFileSync(new URL("../../../shared/fixtures/current-vectors.json", import.meta.url), "utf8")
-) as {
-  readonly v1_requests: ReadonlyArray<{
-    readonly name: string
-    readonly method: string
-    readonly target: string
-    readonly dispatch_id: string
-    readonly dispatch_attempt: string
-    readonly body: string
-    readonly signature: string
-    readonly secret: string
-    readonly timestamp: string
-  }>
-}
-
-const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
-const EXECUTION_TERMINAL = errorBody("execution_terminal", "execution terminal")
-const LEASE_SUPERSEDED = errorBody("lease_superseded", "dispatch lease superseded")
 const SUSPENDED = "{\"suspended\":true}\n"
 const NOT_SUSPENDED = "{\"suspended\":false}\n"
-
-type Lease = Readonly<Record<string, string>>
-
-const claimed = new WeakMap<Core.KernelCore, Map<string, Lease>>()
-
-/** Claims every due dispatch (remembering them); answers the lease headers of `id`'s latest claim. */
-const claim = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims) => {
-    let leases = claimed.get(h.core)
-    if (leases === undefined) claimed.set(h.core, leases = new Map())
-    for (const c of claims) {
-      leases.set(c.executionId, { "Rebuno-Dispatch-Id": c.dispatchId, "Rebuno-Dispatch-Attempt": String(c.attempt) })
-    }
-    const lease = leases.get(id)
-    if (lease === undefined) throw new Error("no dispatch for " + id)
-    return lease
-  })
-
-const create = (h: Harness, body: Record<string, unknown>) =>
-  h.send("POST", "/v0/executions", { body: JSON.stringify(body) })
 
 /** A running execution of `agentId`, claimed: its id and lease headers. */
 const started = (h: Harness, agentId = "hello", extra: Record<string, unknown> = {}) =>
@@ -101,36 +71,26 @@ const spawn = (h: Harness, parent: string, stepId: string, extra: Record<string,
     return JSON.parse(res.body) as Record<string, unknown> & { readonly id: string }
   })
 
+/** A running parent with a tool step `delegate` and the child running for it. */
+const parentWithChild = (h: Harness) =>
+  Effect.gen(function*() {
+    const parent = yield* started(h)
+    const stepId = yield* toolStep(h, parent.id, parent.lease)
+    const child = yield* spawn(h, parent.id, stepId)
+    return { parent, stepId, child }
+  })
+
 const suspend = (h: Harness, id: string, lease: Lease, agentId = "hello") =>
   h.agent(agentId, "POST", `/v0/executions/${id}/suspend`, "", lease)
 
 const finish = (h: Harness, id: string, body: string, agentId = "other") =>
-  Effect.gen(function*() {
-    const lease = yield* claim(h, id)
-    const res = yield* h.agent(agentId, "POST", `/v0/executions/${id}/complete`, body, lease)
-    expect(res.status).toBe(204)
-  })
+  endExecution(h, id, "complete", body, agentId)
 
 const failRun = (h: Harness, id: string, reason: string, agentId = "other") =>
-  Effect.gen(function*() {
-    const lease = yield* claim(h, id)
-    const res = yield* h.agent(agentId, "POST", `/v0/executions/${id}/fail`, JSON.stringify({ error: reason }), lease)
-    expect(res.status).toBe(204)
-  })
+  endExecution(h, id, "fail", JSON.stringify({ error: reason }), agentId)
 
 const status = (h: Harness, id: string) =>
   Effect.map(h.send("GET", `/v0/executions/${id}`), (res) => JSON.parse(res.body).status as string)
-
-const eventsFrom = (h: Harness, id: string, seq: number) =>
-  Effect.map(h.core.eventLog(id), (log) => log.slice(seq).map((e) => [e.type, JSON.parse(e.payload)] as const))
-
-const seqOf = (h: Harness, id: string) => Effect.map(h.core.eventLog(id), (log) => log.length)
-
-const allIds = (h: Harness) =>
-  Effect.map(
-    h.core.listExecutions({ agentId: "", status: "", cursor: undefined, limit: 200 }),
-    (page) => page.executions.map((e) => e.id)
-  )
 
 describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
   describe("creating a child (C.5.1)", () => {
@@ -241,9 +201,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("waiting on a child: execution.blocked awaiting_steps, dispatch retired, {\"suspended\":true}", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        yield* spawn(h, parent.id, stepId)
+        const { parent } = yield* parentWithChild(h)
         const seq = yield* seqOf(h, parent.id)
         const res = yield* suspend(h, parent.id, parent.lease)
         expect(res).toEqual({ status: 200, headers: { "content-type": "application/json; charset=utf-8" }, body: SUSPENDED })
@@ -283,9 +241,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("check order: id, lease headers, 404, 403, terminal, stale lease", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        yield* spawn(h, parent.id, stepId)
+        const { parent } = yield* parentWithChild(h)
         const seq = yield* seqOf(h, parent.id)
         expect(yield* suspend(h, "not-a-uuid", {})).toMatchObject({ status: 400, body: VALIDATION })
         expect(yield* suspend(h, parent.id, {})).toMatchObject({
@@ -322,28 +278,8 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
 
     it.effect("the C.14 suspend vector passes the signature check", () =>
       Effect.gen(function*() {
-        const v = vectors.v1_requests.find((x) => x.name === "suspend")!
-        const core = yield* Core.make({ stage: "current" })
-        yield* core.registerAgent({ id: "test-agent", webhookUrl: "http://localhost:5000/webhook", secret: v.secret })
-        const id = "018f3a2b-4c5d-7e6f-8a9b-0c1d2e3f4a5b"
-        yield* core.createExecution({ agentId: "test-agent", inputRaw: undefined, agentVersion: undefined, id })
-        yield* core.claimDue(10)
-        yield* TestClock.setTime(Number(v.timestamp) * 1000)
-        const before = yield* core.eventLog(id)
-        const res = yield* Routes.make(core)(request(v.method, v.target, {
-          body: v.body,
-          headers: {
-            "Rebuno-Agent-Id": "test-agent",
-            "Rebuno-Timestamp": v.timestamp,
-            "Rebuno-Signature": v.signature,
-            "Rebuno-Dispatch-Id": v.dispatch_id,
-            "Rebuno-Dispatch-Attempt": v.dispatch_attempt
-          }
-        }))
         // signed correctly, but not this kernel's dispatch
-        expect(res.status).toBe(409)
-        expect(res.body).toBe(LEASE_SUPERSEDED)
-        expect(yield* core.eventLog(id)).toEqual(before)
+        yield* expectVectorLeaseSuperseded(v1Vector("suspend"))
       }))
   })
 
@@ -351,9 +287,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("child completed: step succeeded with its output, the parent resumes and replays it", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
+        const { parent, stepId, child } = yield* parentWithChild(h)
         yield* suspend(h, parent.id, parent.lease)
         const seq = yield* seqOf(h, parent.id)
         yield* TestClock.adjust("5 seconds")
@@ -389,9 +323,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("child without output: the step's result is null", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
+        const { parent, stepId, child } = yield* parentWithChild(h)
         yield* finish(h, child.id, "{}")
         const step = JSON.parse((yield* h.send("GET", `/v0/executions/${parent.id}/steps/${stepId}`)).body)
         expect(step).toMatchObject({ status: "succeeded", result: null })
@@ -444,9 +376,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("a step the parent settled itself stays as it is when the child ends", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
+        const { parent, stepId, child } = yield* parentWithChild(h)
         yield* h.agent("hello", "POST", `/v0/executions/${parent.id}/steps/${stepId}/complete`, "{\"result\":\"own\"}", parent.lease)
         const seq = yield* seqOf(h, parent.id)
         yield* finish(h, child.id, "{\"output\":\"child\"}")
@@ -458,20 +388,9 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("an approval decided while a child runs does not resume the parent; the child's end does", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        yield* h.core.loadPolicy(
-          "hello",
-          "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then: { decision: require_approval }\n"
-        )
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
-        const gated = yield* h.agent(
-          "hello",
-          "POST",
-          `/v0/executions/${parent.id}/steps`,
-          "{\"kind\":\"tool_call\",\"target\":\"send_email\",\"args\":{}}",
-          parent.lease
-        )
+        yield* h.core.loadPolicy("hello", APPROVE_SEND_EMAIL)
+        const { parent, child } = yield* parentWithChild(h)
+        const gated = yield* submitSendEmail(h, parent.id, parent.lease)
         const approvalId = JSON.parse(gated.body).approval_id as string
         expect(yield* status(h, parent.id)).toBe("blocked")
         const seq = yield* seqOf(h, parent.id)
@@ -494,16 +413,8 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
           "hello",
           "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then:\n      decision: require_approval\n      approval_config: { timeout: 1m }\n"
         )
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
-        yield* h.agent(
-          "hello",
-          "POST",
-          `/v0/executions/${parent.id}/steps`,
-          "{\"kind\":\"tool_call\",\"target\":\"send_email\",\"args\":{}}",
-          parent.lease
-        )
+        const { parent, child } = yield* parentWithChild(h)
+        yield* submitSendEmail(h, parent.id, parent.lease)
         const seq = yield* seqOf(h, parent.id)
         yield* TestClock.adjust("1 minute")
         expect(yield* h.core.expireApprovals()).toBe(1)
@@ -522,9 +433,7 @@ describe("Subagents (PROTOCOL-CURRENT C.5)", () => {
     it.effect("its children are cancelled with parent_agent_terminal, down the tree", () =>
       Effect.gen(function*() {
         const h = yield* harness()
-        const parent = yield* started(h)
-        const stepId = yield* toolStep(h, parent.id, parent.lease)
-        const child = yield* spawn(h, parent.id, stepId)
+        const { parent, child } = yield* parentWithChild(h)
         const childLease = yield* claim(h, child.id)
         const childStep = yield* toolStep(h, child.id, childLease, "deeper", "other")
         const grandchild = yield* spawn(h, child.id, childStep, {}, "hello")

@@ -2,8 +2,10 @@
  * An in-process harness over the embedded kernel's routes in the current
  * stage (PROTOCOL-CURRENT): bearer requests, `v1=`-signed agent requests
  * (signed at the TestClock's time), a running execution with its lease
- * headers, and the answers as a user sees them (status, headers, body text).
+ * headers, and the answers as a user sees them (status, headers, body text);
+ * and the reads and writes the kernel test files share.
  */
+import { expect } from "@effect/vitest"
 import { Clock, Effect } from "effect"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
@@ -23,6 +25,16 @@ export const NOT_FOUND_PAGE = "404 page not found\n"
 export const UNKNOWN_ID = "0192f1a0-0000-7000-8000-000000000000"
 export const SUBMIT =
   "{\"kind\":\"tool_call\",\"target\":\"web_search\",\"args\":{\"query\":\"hello\"},\"idempotency\":\"safe_to_retry\"}"
+
+/** The kernel's error envelope as it is written on the wire. */
+export const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
+export const validationError = (message: string) => errorBody("validation_error", message)
+export const RECORDED = "{\"decision\":\"recorded\"}\n"
+export const EXECUTION_TERMINAL = errorBody("execution_terminal", "execution terminal")
+export const LEASE_SUPERSEDED = errorBody("lease_superseded", "dispatch lease superseded")
+/** A policy that holds every `send_email` step for an approval. */
+export const APPROVE_SEND_EMAIL =
+  "default_action: allow\nrules:\n  - id: gate\n    when: { target: send_email }\n    then: { decision: require_approval }\n"
 
 export type HeaderInput = Readonly<Record<string, string | ReadonlyArray<string>>>
 
@@ -56,6 +68,15 @@ const text = (res: Routes.KernelResponse): string => {
   return "<stream>"
 }
 
+/** A signed request of `agentId`, with its body (default empty) and extra headers (lease headers). */
+export type AgentRequest = (
+  agentId: string,
+  method: string,
+  url: string,
+  body?: string,
+  headers?: HeaderInput
+) => Effect.Effect<Answer>
+
 export interface Harness {
   readonly core: Core.KernelCore
   readonly handle: (req: Routes.KernelRequest) => Effect.Effect<Routes.KernelResponse>
@@ -66,21 +87,9 @@ export interface Harness {
     options?: { readonly headers?: HeaderInput; readonly body?: string | Uint8Array }
   ) => Effect.Effect<Answer>
   /** A `v1=`-signed request of `agentId` (timestamp = the clock's second, lease headers signed when given). */
-  readonly agent: (
-    agentId: string,
-    method: string,
-    url: string,
-    body?: string,
-    headers?: HeaderInput
-  ) => Effect.Effect<Answer>
+  readonly agent: AgentRequest
   /** A `sha256=`-signed request of `agentId` (the seed stage's scheme). */
-  readonly agentSha256: (
-    agentId: string,
-    method: string,
-    url: string,
-    body?: string,
-    headers?: HeaderInput
-  ) => Effect.Effect<Answer>
+  readonly agentSha256: AgentRequest
 }
 
 const secrets: Record<string, string> = { hello: SECRET, other: OTHER_SECRET }
@@ -135,10 +144,18 @@ export const harness = (options: Routes.Options = {}, settings: Partial<Core.Set
     return { core, handle, send, agent, agentSha256 } satisfies Harness
   })
 
+/** `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` of a claimed dispatch. */
+export type Lease = Readonly<Record<string, string>>
+
+export const leaseOf = (claim: { readonly dispatchId: string; readonly attempt: number }): Lease => ({
+  "Rebuno-Dispatch-Id": claim.dispatchId,
+  "Rebuno-Dispatch-Attempt": String(claim.attempt)
+})
+
 export interface Running {
   readonly id: string
   /** `Rebuno-Dispatch-Id` and `Rebuno-Dispatch-Attempt` of the claimed dispatch. */
-  readonly lease: Readonly<Record<string, string>>
+  readonly lease: Lease
 }
 
 /** Creates an execution of `agentId` over the bearer side and claims its dispatch. */
@@ -151,12 +168,74 @@ export const running = (h: Harness, agentId = "hello") =>
     const id = JSON.parse(created.body).id as string
     const claims = yield* h.core.claimDue(10)
     const claim = claims.find((c) => c.executionId === id)!
-    return {
-      id,
-      lease: { "Rebuno-Dispatch-Id": claim.dispatchId, "Rebuno-Dispatch-Attempt": String(claim.attempt) }
-    } satisfies Running
+    return { id, lease: leaseOf(claim) } satisfies Running
   })
 
 /** The event types of an execution, in order. */
 export const eventTypes = (h: Harness, id: string) =>
   Effect.map(h.core.eventLog(id), (events) => events.map((e) => e.type))
+
+/** `hello` submits a `send_email` step (held by {@link APPROVE_SEND_EMAIL}). */
+export const submitSendEmail = (h: Harness, id: string, lease: Lease) =>
+  h.agent(
+    "hello",
+    "POST",
+    `/v0/executions/${id}/steps`,
+    "{\"kind\":\"tool_call\",\"target\":\"send_email\",\"args\":{}}",
+    lease
+  )
+
+/** `POST /v0/executions` with this body, over the bearer side. */
+export const create = (h: Harness, body: Record<string, unknown>) =>
+  h.send("POST", "/v0/executions", { body: JSON.stringify(body) })
+
+const claimed = new WeakMap<Core.KernelCore, Map<string, Lease>>()
+
+/** Claims every due dispatch (remembering them); answers the lease headers of `id`'s latest claim. */
+export const claim = (h: Harness, id: string) =>
+  Effect.map(h.core.claimDue(100), (claims) => {
+    let leases = claimed.get(h.core)
+    if (leases === undefined) claimed.set(h.core, leases = new Map())
+    for (const c of claims) leases.set(c.executionId, leaseOf(c))
+    const lease = leases.get(id)
+    if (lease === undefined) throw new Error("no dispatch for " + id)
+    return lease
+  })
+
+/** Claims `id`'s dispatch and ends the execution over the wire with this body (204 expected). */
+export const endExecution = (h: Harness, id: string, route: "complete" | "fail", body: string, agentId = "hello") =>
+  Effect.gen(function*() {
+    const lease = yield* claim(h, id)
+    const res = yield* h.agent(agentId, "POST", `/v0/executions/${id}/${route}`, body, lease)
+    expect(res.status).toBe(204)
+  })
+
+/** How many events an execution has: the seq the next one gets. */
+export const seqOf = (h: Harness, id: string) => Effect.map(h.core.eventLog(id), (log) => log.length)
+
+/** The events of an execution from `seq` on, as type and parsed payload. */
+export const eventsFrom = (h: Harness, id: string, seq = 0) =>
+  Effect.map(h.core.eventLog(id), (log) => log.slice(seq).map((e) => [e.type, JSON.parse(e.payload)] as const))
+
+/** Every execution id the kernel holds, newest first. */
+export const allIds = (h: Harness) =>
+  Effect.map(
+    h.core.listExecutions({ agentId: "", status: "", cursor: undefined, limit: 200 }),
+    (page) => page.executions.map((e) => e.id)
+  )
+
+export interface WireEvent {
+  readonly seq: number
+  readonly type: string
+  readonly payload: any
+}
+
+/** The events of an execution as `GET …/events` answers them. */
+export const wireEvents = (h: Harness, id: string) =>
+  Effect.map(
+    h.send("GET", `/v0/executions/${id}/events?limit=1000`),
+    (res) =>
+      (JSON.parse(res.body) ?? []).map((e: any) => ({ seq: e.event_seq, type: e.type, payload: e.payload })) as Array<
+        WireEvent
+      >
+  )

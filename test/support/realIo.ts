@@ -9,9 +9,9 @@
  * (a planned crash fires once anyway).
  */
 import { Effect } from "effect"
-import type { Agent } from "effect-rebuno"
+import type { Agent, Client } from "effect-rebuno"
 import { Protocol } from "effect-rebuno"
-import type { TestKernel } from "effect-rebuno/testing"
+import { TestKernel } from "effect-rebuno/testing"
 
 const pause = Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, 5)))
 
@@ -41,3 +41,19 @@ export const runReal = (
   options?: TestKernel.RunOptions
 ): Effect.Effect<TestKernel.RunResult, unknown> =>
   Effect.flatMap(kernel.create(agent.id, input), (id) => settleReal(kernel, id, options))
+
+/**
+ * Registers `agent` on the kit in context (with its `policy`, if any) and
+ * runs it with {@link runReal}.
+ */
+export const registerAndRunReal = <R>(
+  agent: Agent.Agent<any, any, any, R>,
+  input?: unknown,
+  options?: TestKernel.RunOptions & { readonly policy?: string | undefined }
+): Effect.Effect<TestKernel.RunResult, unknown, TestKernel.TestKernel | Exclude<R, Client.Client>> =>
+  Effect.gen(function*() {
+    const { policy, ...runOptions } = options ?? {}
+    const kernel = yield* TestKernel.TestKernel
+    yield* kernel.register(agent, { policy })
+    return yield* runReal(kernel, agent, input, runOptions)
+  })

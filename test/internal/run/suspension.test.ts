@@ -13,25 +13,26 @@ const counting = (answer: Effect.Effect<boolean, string> = Effect.succeed(true))
   return { calls, suspend: Effect.andThen(Effect.sync(() => calls.n++), answer) }
 }
 
+/** A fresh suspension with `steps` steps in flight, and a counting suspend call. */
+const inFlight = (steps: number, answer?: Effect.Effect<boolean, string>) => {
+  const s = Suspension.make()
+  for (let i = 0; i < steps; i++) s.enter()
+  return { s, ...counting(answer) }
+}
+
 const settle = Effect.repeat(Effect.yieldNow, { times: 20 })
 
 describe("Suspension", () => {
   it.effect("a single step in flight that waits suspends at once", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting()
-      s.enter()
+      const { calls, s, suspend } = inFlight(1)
       expect(yield* s.await(suspend)).toBe(true)
       expect(calls.n).toBe(1)
     }))
 
   it.effect("waiters wait for every step in flight; then one suspend answers them all", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting()
-      s.enter()
-      s.enter()
-      s.enter()
+      const { calls, s, suspend } = inFlight(3)
       const a = yield* Effect.forkChild(s.await(suspend))
       const b = yield* Effect.forkChild(s.await(suspend))
       yield* settle
@@ -47,10 +48,7 @@ describe("Suspension", () => {
 
   it.effect("a failure of the suspend reaches every waiter", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting(Effect.fail("conflict"))
-      s.enter()
-      s.enter()
+      const { calls, s, suspend } = inFlight(2, Effect.fail("conflict"))
       const exits = yield* Effect.all([Effect.exit(s.await(suspend)), Effect.exit(s.await(suspend))], {
         concurrency: "unbounded"
       })
@@ -60,11 +58,7 @@ describe("Suspension", () => {
 
   it.effect("a waiter interrupted before the round no longer counts", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting()
-      s.enter()
-      s.enter()
-      s.enter()
+      const { calls, s, suspend } = inFlight(3)
       const gone = yield* Effect.forkChild(s.await(suspend))
       const stays = yield* Effect.forkChild(s.await(suspend))
       yield* settle
@@ -79,9 +73,7 @@ describe("Suspension", () => {
 
   it.effect("a later round suspends again", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting(Effect.succeed(false))
-      s.enter()
+      const { calls, s, suspend } = inFlight(1, Effect.succeed(false))
       expect(yield* s.await(suspend)).toBe(false)
       yield* s.exit
       s.enter()
@@ -91,8 +83,7 @@ describe("Suspension", () => {
 
   it.effect("steps forked together: the first to wait lets its siblings enter before it decides", () =>
     Effect.gen(function*() {
-      const s = Suspension.make()
-      const { calls, suspend } = counting()
+      const { calls, s, suspend } = inFlight(0)
       const step = Effect.suspend(() => {
         s.enter()
         return Effect.ensuring(s.await(suspend), s.exit)
