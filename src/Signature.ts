@@ -60,7 +60,7 @@ const toHex = (buffer: ArrayBuffer): string => {
   return out
 }
 
-const secretText = (secret: Secret): string => (Redacted.isRedacted(secret) ? Redacted.value(secret) : secret)
+const secretText = (secret: Secret): string => (typeof secret === "string" ? secret : Redacted.value(secret))
 
 const toBytes = (body: Uint8Array | string): Uint8Array<ArrayBuffer> =>
   typeof body === "string"
@@ -263,6 +263,24 @@ export const verify = (
     ? Effect.succeed(false)
     : Effect.map(sign(secret, body), (expected) => timingSafeEqual(expected, header))
 
+/**
+ * {@link verify} computed on the spot: `undefined` where only Web Crypto is
+ * available (then use {@link verify}).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const verifySync = (
+  secret: Secret,
+  body: Uint8Array | string,
+  header: string | null | undefined
+): boolean | undefined => {
+  if (typeof header !== "string" || header.length === 0) return false
+  const expected = signSync(secret, body)
+  return expected === undefined ? undefined : timingSafeEqual(expected, header)
+}
+
 const v1Head = (req: V1Request): string =>
   "rebuno-request-v1\n" +
   req.method + "\n" +
@@ -311,14 +329,34 @@ export const verifyV1 = (
   req: V1Request,
   signature: string,
   nowSeconds: number
-): Effect.Effect<boolean> => {
-  if (hasLineBreak(req.timestamp) || hasLineBreak(req.dispatchId) || hasLineBreak(req.dispatchAttempt)) {
-    return Effect.succeed(false)
-  }
-  if (!DECIMAL.test(req.timestamp)) return Effect.succeed(false)
+): Effect.Effect<boolean> =>
+  v1Admissible(req, nowSeconds)
+    ? Effect.map(signV1(secret, req), (expected) => timingSafeEqual(expected, signature))
+    : Effect.succeed(false)
+
+/**
+ * {@link verifyV1} computed on the spot: `undefined` where only Web Crypto is
+ * available (then use {@link verifyV1}).
+ *
+ * @since 0.2.0
+ * @category internal
+ * @internal
+ */
+export const verifyV1Sync = (
+  secret: Secret,
+  req: V1Request,
+  signature: string,
+  nowSeconds: number
+): boolean | undefined => {
+  if (!v1Admissible(req, nowSeconds)) return false
+  const expected = signV1Sync(secret, req)
+  return expected === undefined ? undefined : timingSafeEqual(expected, signature)
+}
+
+/** The checks of {@link verifyV1} before the HMAC: no line breaks, a decimal timestamp within the window. */
+const v1Admissible = (req: V1Request, nowSeconds: number): boolean => {
+  if (hasLineBreak(req.timestamp) || hasLineBreak(req.dispatchId) || hasLineBreak(req.dispatchAttempt)) return false
+  if (!DECIMAL.test(req.timestamp)) return false
   const timestamp = Number(req.timestamp)
-  if (!(timestamp >= nowSeconds - v1WindowSeconds && timestamp <= nowSeconds + v1WindowSeconds)) {
-    return Effect.succeed(false)
-  }
-  return Effect.map(signV1(secret, req), (expected) => timingSafeEqual(expected, signature))
+  return timestamp >= nowSeconds - v1WindowSeconds && timestamp <= nowSeconds + v1WindowSeconds
 }

@@ -291,6 +291,8 @@ export interface KernelCore {
     readonly leaseTimeoutSeconds?: number | undefined
   }) => Effect.Effect<AgentRecord, KernelFailure>
   readonly getAgent: (id: string) => Effect.Effect<AgentRecord, KernelFailure>
+  /** {@link getAgent} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
+  readonly unsafeGetAgent: (id: string) => AgentRecord | undefined
   /** Sorted by id (byte order). */
   readonly listAgents: () => Effect.Effect<ReadonlyArray<AgentRecord>>
   readonly deleteAgent: (id: string) => Effect.Effect<void>
@@ -344,6 +346,8 @@ export interface KernelCore {
     readonly spawnedBy?: SpawnedBy | undefined
   }) => Effect.Effect<ExecutionRecord, KernelFailure>
   readonly getExecution: (id: string) => Effect.Effect<ExecutionRecord, KernelFailure>
+  /** {@link getExecution} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
+  readonly unsafeGetExecution: (id: string) => ExecutionRecord | undefined
   readonly listExecutions: (q: {
     readonly agentId: string
     readonly status: string
@@ -650,6 +654,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
 
     registerAgent: (a) => atomic((now) => agents.register(a, now, state.settings.stage)),
     getAgent: (id) => read(() => agents.get(id) ?? notFound()),
+    unsafeGetAgent: (id) => agents.get(id),
     listAgents: () => Effect.sync(() => agents.list()),
     deleteAgent: (id) => Effect.sync(() => agents.delete(id)),
     loadPolicy: (agentId, bundle) => read(() => agents.loadPolicy(agentId, bundle, state.settings.stage)),
@@ -663,6 +668,7 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
 
     createExecution: (r) => atomic((now) => Lifecycle.create(state, r, now)),
     getExecution: (id) => read(() => executions.byId.get(id)?.record ?? notFound()),
+    unsafeGetExecution: (id) => executions.byId.get(id)?.record,
     listExecutions: (q) => Effect.sync(() => executions.list(q)),
     cancelExecution: (id) => atomic((now) => Lifecycle.cancel(state, id, now)),
     previousState: (id) => read(() => Lifecycle.previous(state, id)),

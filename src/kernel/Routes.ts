@@ -211,6 +211,8 @@ const decodeSegment = (s: string): string => {
 /** Go's `strconv.Atoi`: optional sign, decimal digits, within int64. */
 const parseGoInt = (s: string): number | undefined => {
   if (!/^[+-]?[0-9]+$/.test(s)) return undefined
+  // A sign and at most 15 digits: exact as a number (`+ 0` turns `-0` into `0`, as `BigInt` does).
+  if (s.length <= 16) return Number(s) + 0
   const n = BigInt(s)
   if (n > 9223372036854775807n || n < -9223372036854775808n) return undefined
   return Number(n)
@@ -1210,55 +1212,43 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
   // --- the synchronous path of the step routes -------------------------------
 
   /**
-   * {@link agent} and {@link owned} together, as one synchronous effect:
-   * `true` when the request is an authentic agent request (3.3, 17.B;
-   * PROTOCOL-CURRENT C.2.1) on an execution the agent may act on (C.9.3).
+   * {@link agent} and {@link owned} together, computed on the spot: `true`
+   * when the request is an authentic agent request (3.3, 17.B;
+   * PROTOCOL-CURRENT C.2.1) on an execution the agent may act on (C.9.3);
+   * `false` when any check fails or the signature needs Web Crypto (then the
+   * general path answers).
    */
-  const agentCheck = (
-    req: KernelRequest,
-    body: Uint8Array,
-    now: number,
-    id: string
-  ): Effect.Effect<boolean, Core.KernelFailure> => {
+  const agentCheck = (req: KernelRequest, body: Uint8Array, now: number, id: string): boolean => {
     const agentId = firstHeader(req, "rebuno-agent-id")
     const signature = firstHeader(req, "rebuno-signature")
-    if (agentId === "" || signature === "") return Effect.succeed(false)
-    const ownedBy: Effect.Effect<boolean, Core.KernelFailure> = current()
-      ? Effect.map(core.getExecution(id), (execution) => execution.agentId === agentId)
-      : Effect.succeed(true)
-    const verified = (ok: boolean) => ok ? ownedBy : Effect.succeed(false)
+    if (agentId === "" || signature === "") return false
+    const record = core.unsafeGetAgent(agentId)
+    if (record === undefined) return false
+    let verified: boolean | undefined
     if (signature.startsWith("sha256=") && !current()) {
-      return Effect.flatMap(core.getAgent(agentId), (record) =>
-        Effect.flatMap(Signature.verify(record.secret, body, signature), verified))
+      verified = Signature.verifySync(record.secret, body, signature)
+    } else {
+      if (!signature.startsWith("v1=") || req.headers("rebuno-signature").length !== 1) return false
+      const timestamp = req.headers("rebuno-timestamp")
+      const dispatchId = req.headers("rebuno-dispatch-id")
+      const dispatchAttempt = req.headers("rebuno-dispatch-attempt")
+      if (timestamp.length > 1 || dispatchId.length > 1 || dispatchAttempt.length > 1) return false
+      verified = Signature.verifyV1Sync(
+        record.secret,
+        {
+          method: req.method,
+          target: req.url,
+          timestamp: timestamp[0] ?? "",
+          dispatchId: dispatchId[0] ?? "",
+          dispatchAttempt: dispatchAttempt[0] ?? "",
+          body
+        },
+        signature,
+        Math.floor(now / 1000)
+      )
     }
-    if (!signature.startsWith("v1=") || req.headers("rebuno-signature").length !== 1) return Effect.succeed(false)
-    const timestamp = req.headers("rebuno-timestamp")
-    const dispatchId = req.headers("rebuno-dispatch-id")
-    const dispatchAttempt = req.headers("rebuno-dispatch-attempt")
-    if (timestamp.length > 1 || dispatchId.length > 1 || dispatchAttempt.length > 1) return Effect.succeed(false)
-    return Effect.flatMap(core.getAgent(agentId), (record) =>
-      Effect.flatMap(
-        Signature.verifyV1(
-          record.secret,
-          {
-            method: req.method,
-            target: req.url,
-            timestamp: timestamp[0] ?? "",
-            dispatchId: dispatchId[0] ?? "",
-            dispatchAttempt: dispatchAttempt[0] ?? "",
-            body
-          },
-          signature,
-          Math.floor(now / 1000)
-        ),
-        verified
-      ))
-  }
-
-  /** Whether a synchronous effect succeeds with `true` (not when it fails or would wait). */
-  const holdsNow = (effect: Effect.Effect<boolean, Core.KernelFailure>): boolean => {
-    const exit = Effect.runSyncExit(effect)
-    return exit._tag === "Success" && exit.value
+    if (verified !== true) return false
+    return !current() || core.unsafeGetExecution(id)?.agentId === agentId
   }
 
   /**
@@ -1297,7 +1287,7 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
         if (b.resources !== undefined && resources === undefined) return undefined
         if (current() && Decisions.checkKind(b.kind ?? "") !== undefined) return undefined
         const l = leaseOf(req, "submit")
-        if ("status" in l || !holdsNow(agentCheck(req, body, now, id))) return undefined
+        if ("status" in l || !agentCheck(req, body, now, id)) return undefined
         requestCount++
         answer = core.unsafeSubmitStep(now, id, l, {
           kind: b.kind ?? "",
@@ -1322,7 +1312,7 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
         const value = outcome === "succeeded" ? b.result : b.error
         const captures = records.captures === undefined && records.captureFailures === undefined ? undefined : records
         const l = leaseOf(req, "other")
-        if ("status" in l || !holdsNow(agentCheck(req, body, now, id))) return undefined
+        if ("status" in l || !agentCheck(req, body, now, id)) return undefined
         requestCount++
         answer = core.unsafeSettleStep(now, id, segments[5]!, l, outcome, value, captures)
       }

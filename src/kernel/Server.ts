@@ -210,8 +210,6 @@ const rawValues = (raw: ReadonlyArray<string>, key: string): ReadonlyArray<strin
 
 const noValues: ReadonlyArray<string> = []
 
-const ignore = () => {}
-
 /**
  * A Node `request` listener answering the hot step routes synchronously once
  * their body is read — with the bytes, status and headers the general path
@@ -227,23 +225,21 @@ const syncListener = (
   if (!syncCandidate(request)) return general(request, response)
   const chunks: Array<Buffer> = []
   let size = 0
-  const cleanup = () => {
-    request.off("data", onData)
-    request.off("end", onEnd)
-    request.off("error", onError)
-  }
+  // Set once the request ended or failed: later events are ignored (cheaper than removing the listeners).
+  let settled = false
   const onData = (chunk: Buffer) => {
     chunks.push(chunk)
     size += chunk.length
   }
   const onError = () => {
-    cleanup()
-    // A later error of the same request must not go unhandled; the general path answers this one.
-    request.on("error", ignore)
+    if (settled) return
+    settled = true
+    // The general path answers this one (a later error of the same request is ignored above).
     general(request, response)
   }
   const onEnd = () => {
-    cleanup()
+    if (settled) return
+    settled = true
     const all = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
     const body = new Uint8Array(all.buffer, all.byteOffset, all.byteLength)
     let answer: Routes.KernelResponse | undefined
@@ -264,14 +260,29 @@ const syncListener = (
       bodiesRead.set(request, body)
       return general(request, response)
     }
-    const bytes = Buffer.from(answer.body, "utf8")
-    response.strictContentLength = true
-    response.writeHead(answer.status, { ...answer.headers, "content-length": String(bytes.length) })
-    response.end(bytes)
+    writeText(response, answer.status, answer.headers, answer.body)
   }
   request.on("data", onData)
   request.on("end", onEnd)
   request.on("error", onError)
+}
+
+/**
+ * Writes a complete text response: the route's headers in their order, then
+ * `content-length`, then the body. A string body goes out with the head in one
+ * write (Node joins them), where a `Buffer` would take a second chunk.
+ */
+const writeText = (
+  response: Http.ServerResponse,
+  status: number,
+  headers: Readonly<Record<string, string>>,
+  body: string
+): void => {
+  const head: Array<string> = []
+  for (const name in headers) head.push(name, headers[name]!)
+  head.push("content-length", String(Buffer.byteLength(body, "utf8")))
+  response.writeHead(status, head)
+  response.end(body, "utf8")
 }
 
 /**

@@ -187,3 +187,44 @@ describe("the synchronous step path over HTTP", () => {
       expect(rejected).toBe(jsonHead("400 Bad Request", VALIDATION.length) + VALIDATION)
     }).pipe(Effect.scoped))
 })
+
+describe("the synchronous signature checks", () => {
+  it.effect("agree with the effectful ones, and defer to them where only Web Crypto is available", () =>
+    Effect.gen(function*() {
+      const body = "{\"result\":{\"ok\":true}}"
+      const req = {
+        method: "POST",
+        target: "/v0/executions/x/steps",
+        timestamp: "1700000000",
+        dispatchId: "d",
+        dispatchAttempt: "1",
+        body
+      }
+      const v1 = yield* Signature.signV1(SECRET, req)
+      const sha = yield* Signature.sign(SECRET, body)
+      const cases: ReadonlyArray<readonly [string, number]> = [
+        [v1, 1700000000],
+        [v1, 1700000000 + Signature.v1WindowSeconds],
+        [v1, 1700000001 + Signature.v1WindowSeconds],
+        [v1.toUpperCase(), 1700000000],
+        ["v1=", 1700000000]
+      ]
+      for (const [signature, now] of cases) {
+        expect(Signature.verifyV1Sync(SECRET, req, signature, now)).toBe(
+          yield* Signature.verifyV1(SECRET, req, signature, now)
+        )
+      }
+      expect(Signature.verifyV1Sync(SECRET, { ...req, timestamp: "17e8" }, v1, 1700000000)).toBe(false)
+      expect(Signature.verifyV1Sync(SECRET, { ...req, dispatchId: "d\n" }, v1, 1700000000)).toBe(false)
+      for (const header of [sha, sha.toUpperCase(), "", undefined]) {
+        expect(Signature.verifySync(SECRET, body, header)).toBe(yield* Signature.verify(SECRET, body, header))
+      }
+      Signature.unsafeForceWebCrypto(true)
+      try {
+        expect(Signature.verifyV1Sync(SECRET, req, v1, 1700000000)).toBeUndefined()
+        expect(Signature.verifySync(SECRET, body, sha)).toBeUndefined()
+      } finally {
+        Signature.unsafeForceWebCrypto(false)
+      }
+    }))
+})
