@@ -47,6 +47,7 @@
  */
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Clock, Config, ConfigProvider, Context, Duration, Effect, Layer, Redacted, References, Result, Schema, Tracer } from "effect"
+import type { Fiber } from "effect"
 import { Headers, HttpClient } from "effect/http"
 import * as Http from "./internal/http/exchange.js"
 import * as Tracing from "./internal/http/tracing.js"
@@ -691,7 +692,66 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       return Effect.logInfo(`kernel stage detected (${evidence}): signing requests with ${next}= from now on`)
     })
 
-  /** Sign and build one request; runs again for each retry (a fresh `v1` timestamp). */
+  /** A signed request: its headers in the order every transport sends them. */
+  const signedRequest = (
+    method: "GET" | "POST" | "PUT",
+    path: string,
+    agentId: string,
+    lease: Lease | undefined,
+    attempt: string,
+    body: Uint8Array | undefined,
+    signature: string,
+    timestamp: string | undefined
+  ): Transport.WireRequest => {
+    const headers: Record<string, string> = {
+      [H_CONTENT_TYPE]: JSON_TYPE,
+      [H_AGENT_ID]: agentId,
+      [H_SIGNATURE]: signature
+    }
+    if (timestamp !== undefined) headers[H_TIMESTAMP] = timestamp
+    if (lease !== undefined) {
+      headers[H_DISPATCH_ID] = lease.dispatchId
+      if (attempt !== "") headers[H_DISPATCH_ATTEMPT] = attempt
+    }
+    return { method, path, headers, body }
+  }
+
+  /**
+   * Sign and build one request at the fiber's time (a fresh `v1` timestamp
+   * for each try) where the HMAC can be computed on the spot (node:crypto);
+   * `undefined` where only Web Crypto is available (then {@link build}).
+   */
+  const buildNow = (
+    method: "GET" | "POST" | "PUT",
+    path: string,
+    agentId: string,
+    lease: Lease | undefined,
+    body: Uint8Array | undefined,
+    signing: SigningScheme,
+    fiber: Fiber.Fiber<unknown, unknown>
+  ): Transport.WireRequest | undefined => {
+    const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
+    if (signing === "sha256") {
+      const signed = Signature.signSync(secret, body ?? EMPTY)
+      return signed === undefined
+        ? undefined
+        : signedRequest(method, path, agentId, lease, attempt, body, signed, undefined)
+    }
+    const timestamp = String(Math.floor(fiber.getRef(Clock.Clock).currentTimeMillisUnsafe() / 1000))
+    const signed = Signature.signV1Sync(secret, {
+      method,
+      target: basePath + path,
+      timestamp,
+      dispatchId: lease === undefined ? "" : lease.dispatchId,
+      dispatchAttempt: attempt,
+      body: body ?? EMPTY
+    })
+    return signed === undefined
+      ? undefined
+      : signedRequest(method, path, agentId, lease, attempt, body, signed, timestamp)
+  }
+
+  /** Sign and build one request with Web Crypto (where node:crypto is absent). */
   const build = (
     method: "GET" | "POST" | "PUT",
     path: string,
@@ -700,41 +760,26 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     body: Uint8Array | undefined,
     signing: SigningScheme
   ): Effect.Effect<Transport.WireRequest> => {
-    const dispatchId = lease === undefined ? "" : lease.dispatchId
     const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
-    const finish = (signature: string, timestamp: string | undefined): Transport.WireRequest => {
-      const headers: Record<string, string> = {
-        [H_CONTENT_TYPE]: JSON_TYPE,
-        [H_AGENT_ID]: agentId,
-        [H_SIGNATURE]: signature
-      }
-      if (timestamp !== undefined) headers[H_TIMESTAMP] = timestamp
-      if (lease !== undefined) {
-        headers[H_DISPATCH_ID] = dispatchId
-        if (attempt !== "") headers[H_DISPATCH_ATTEMPT] = attempt
-      }
-      return { method, path, headers, body }
-    }
     if (signing === "sha256") {
-      const signed = Signature.signSync(secret, body ?? EMPTY)
-      return signed !== undefined
-        ? Effect.succeed(finish(signed, undefined))
-        : Effect.map(Signature.sign(secret, body ?? EMPTY), (signature) => finish(signature, undefined))
+      return Effect.map(
+        Signature.sign(secret, body ?? EMPTY),
+        (signature) => signedRequest(method, path, agentId, lease, attempt, body, signature, undefined)
+      )
     }
-    return Effect.withFiber((fiber) => {
-      const timestamp = String(Math.floor(fiber.getRef(Clock.Clock).currentTimeMillisUnsafe() / 1000))
-      const request: Signature.V1Request = {
-        method,
-        target: basePath + path,
-        timestamp,
-        dispatchId,
-        dispatchAttempt: attempt,
-        body: body ?? EMPTY
-      }
-      const signed = Signature.signV1Sync(secret, request)
-      return signed !== undefined
-        ? Effect.succeed(finish(signed, timestamp))
-        : Effect.map(Signature.signV1(secret, request), (signature) => finish(signature, timestamp))
+    return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      const timestamp = String(Math.floor(now / 1000))
+      return Effect.map(
+        Signature.signV1(secret, {
+          method,
+          target: basePath + path,
+          timestamp,
+          dispatchId: lease === undefined ? "" : lease.dispatchId,
+          dispatchAttempt: attempt,
+          body: body ?? EMPTY
+        }),
+        (signature) => signedRequest(method, path, agentId, lease, attempt, body, signature, timestamp)
+      )
     })
   }
 
@@ -752,12 +797,18 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     onFailure: (failure: Http.ApiFailure) => Effect.Effect<A, E>,
     signing?: SigningScheme
   ): Effect.Effect<A, KernelError | E> =>
-    Effect.suspend(() => build(method, path, agentId, lease, body, signing ?? scheme)).pipe(
-      Effect.flatMap(transport),
-      Effect.flatMap((reply): Effect.Effect<A, KernelError | E> =>
-        reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
+    Effect.withFiber((fiber) => {
+      const using = signing ?? scheme
+      const request = buildNow(method, path, agentId, lease, body, using, fiber)
+      const sent = request === undefined
+        ? Effect.flatMap(build(method, path, agentId, lease, body, using), transport)
+        : transport(request)
+      return Effect.flatMap(
+        sent,
+        (reply): Effect.Effect<A, KernelError | E> =>
+          reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
       )
-    )
+    })
 
   /** The call's span; its name and attributes are built only when spans are recorded. */
   const span = (name: string, executionId: string, stepId?: string) =>
@@ -781,7 +832,16 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
 
   // Ids are UUIDs and hex digests, which encoding leaves alone; anything else is
   // percent-encoded so that every transport sends the same path.
-  const executionPath = (executionId: string) => "/v0/executions/" + encodeURIComponent(executionId)
+  let lastExecutionId = ""
+  let lastExecutionPath = "/v0/executions/"
+  /** A run calls with the same execution id step after step: its path is kept. */
+  const executionPath = (executionId: string) => {
+    if (executionId !== lastExecutionId) {
+      lastExecutionPath = "/v0/executions/" + encodeURIComponent(executionId)
+      lastExecutionId = executionId
+    }
+    return lastExecutionPath
+  }
   const stepPath = (executionId: string, stepId: string) =>
     executionPath(executionId) + "/steps/" + encodeURIComponent(stepId)
 

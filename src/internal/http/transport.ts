@@ -9,8 +9,9 @@
  *   handler interface — no request/response objects, streams or promises per
  *   call, which is most of what a keep-alive round trip to a local kernel costs.
  *
- * Both apply the per-request timeout on Effect's clock (a plain timer on the
- * live clock, `Effect.timeoutOrElse` under `TestClock`), map connection
+ * Both apply the per-request timeout on Effect's clock (on the live clock a
+ * plain timer — for the dispatcher, one timer shared by the transport's
+ * requests; `Effect.timeoutOrElse` under `TestClock`), map connection
  * failures to `TransportError` `KernelError`s, and never follow redirects.
  *
  * @since 0.1.0
@@ -97,12 +98,82 @@ export const fromDispatcher = (
   timeout: Duration.Duration
 ): Send => {
   const origin = new URL(base.url).origin
+  let deadlines: Deadlines | undefined
   return (request) =>
     timeoutOnClock(
       timeout,
       dispatch(dispatcher, origin, base.pathname, request, undefined),
-      () => dispatch(dispatcher, origin, base.pathname, request, timeout)
+      (millis) => dispatch(dispatcher, origin, base.pathname, request, deadlines ??= new Deadlines(millis, timeout))
     )
+}
+
+/**
+ * The request timeouts of one transport on one timer (they all have the same
+ * length, so the requests in flight are due in the order they were sent).
+ *
+ * A timer per request costs a `setTimeout` and a `clearTimeout` per round
+ * trip — with one request in flight at a time, also a timer list created and
+ * dropped each time. Here a request joins the end of a list and leaves it when
+ * answered; one timer, set for the earliest deadline, is the only timer, and it
+ * is set again when it fires (for the next deadline still pending) rather than
+ * when requests come and go. It is `unref`'d: a request in flight is kept alive
+ * by its socket, not by its timeout.
+ */
+class Deadlines {
+  private head: Deadline | undefined = undefined
+  private tail: Deadline | undefined = undefined
+  private timer: ReturnType<typeof setTimeout> | undefined = undefined
+
+  constructor(private readonly millis: number, readonly timeout: Duration.Duration) {}
+
+  /** Call `onTimeout` once the timeout has passed, unless the deadline is removed first. */
+  add(onTimeout: () => void): Deadline {
+    const deadline = new Deadline(performance.now() + this.millis, onTimeout)
+    const tail = this.tail
+    deadline.prev = tail
+    if (tail === undefined) this.head = deadline
+    else tail.next = deadline
+    this.tail = deadline
+    if (this.timer === undefined) this.arm(deadline.at)
+    return deadline
+  }
+
+  remove(deadline: Deadline): void {
+    if (!deadline.pending) return
+    deadline.pending = false
+    const { next, prev } = deadline
+    if (prev === undefined) this.head = next
+    else prev.next = next
+    if (next === undefined) this.tail = prev
+    else next.prev = prev
+    deadline.prev = undefined
+    deadline.next = undefined
+  }
+
+  private arm(at: number): void {
+    this.timer = setTimeout(this.fire, Math.max(1, Math.ceil(at - performance.now())))
+    this.timer.unref()
+  }
+
+  private readonly fire = (): void => {
+    this.timer = undefined
+    const now = performance.now()
+    let head = this.head
+    while (head !== undefined && head.at <= now) {
+      this.remove(head)
+      head.onTimeout()
+      head = this.head
+    }
+    if (head !== undefined && this.timer === undefined) this.arm(head.at)
+  }
+}
+
+/** One request's place in {@link Deadlines}: due at `at` (`performance.now()` milliseconds). */
+class Deadline {
+  prev: Deadline | undefined = undefined
+  next: Deadline | undefined = undefined
+  pending = true
+  constructor(readonly at: number, readonly onTimeout: () => void) {}
 }
 
 const failure = (prefix: string, error: unknown): KernelError => {
@@ -116,15 +187,16 @@ const failure = (prefix: string, error: unknown): KernelError => {
 class Aborted extends Error {}
 
 /**
- * One exchange through the dispatcher's handler interface. With `timeout`, a
- * plain timer aborts the request and fails with the timeout error.
+ * One exchange through the dispatcher's handler interface. With `deadlines`,
+ * the request fails with the timeout error (and is aborted) once its
+ * deadline has passed.
  */
 const dispatch = (
   dispatcher: UndiciDispatcher,
   origin: string,
   pathPrefix: string,
   request: WireRequest,
-  timeout: Duration.Duration | undefined
+  deadlines: Deadlines | undefined
 ): Effect.Effect<Reply, KernelError> =>
   Effect.callback<Reply, KernelError>((resume) => {
     let settled = false
@@ -133,12 +205,12 @@ const dispatch = (
     let status = 0
     let responded = false
     const chunks: Array<Buffer> = []
-    let timer: ReturnType<typeof setTimeout> | undefined
+    let deadline: Deadline | undefined
 
     const settle = (effect: Effect.Effect<Reply, KernelError>) => {
       if (settled) return
       settled = true
-      if (timer !== undefined) clearTimeout(timer)
+      if (deadline !== undefined) deadlines!.remove(deadline)
       resume(effect)
     }
     const abort = () => {
@@ -146,12 +218,11 @@ const dispatch = (
       if (controller !== undefined) controller.abort(new Aborted("aborted"))
     }
 
-    if (timeout !== undefined) {
-      timer = setTimeout(() => {
-        timer = undefined
-        settle(Effect.fail(timeoutError(timeout)))
+    if (deadlines !== undefined) {
+      deadline = deadlines.add(() => {
+        settle(Effect.fail(timeoutError(deadlines.timeout)))
         abort()
-      }, Duration.toMillis(timeout))
+      })
     }
 
     try {
@@ -190,7 +261,7 @@ const dispatch = (
 
     return Effect.sync(() => {
       settled = true
-      if (timer !== undefined) clearTimeout(timer)
+      if (deadline !== undefined) deadlines!.remove(deadline)
       abort()
     })
   })

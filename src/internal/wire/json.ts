@@ -542,12 +542,30 @@ const canonString = (): string | undefined => {
   }
 }
 
+/** The members of an object written out of order or with duplicate keys: the last duplicate wins, keys sorted. */
+const sortedMembers = (keys: ReadonlyArray<string>, members: ReadonlyArray<string>): string => {
+  const byKey = new Map<string, string>()
+  for (let i = 0; i < keys.length; i++) byKey.set(keys[i]!, members[i]!)
+  const distinct = Array.from(byKey.keys()).sort(compareCodePoints)
+  let out = ""
+  for (let i = 0; i < distinct.length; i++) {
+    if (i > 0) out += ","
+    out += byKey.get(distinct[i]!)!
+  }
+  return out
+}
+
 const canonValue = (depth: number): string | undefined => {
   const c = src.charCodeAt(pos)
   switch (c) {
     case 0x7b: { // {
       if (depth >= MAX_DEPTH) return undefined
-      const members = new Map<string, string>()
+      // Keys and members in the order written; nothing is allocated for `{}`. Members
+      // written in sorted order with no duplicate (the common case) are joined as they
+      // are; otherwise the last duplicate wins and the keys are sorted.
+      let keys: Array<string> | undefined
+      let members: Array<string> | undefined
+      let sorted = true
       const ok = scanItems(0x7d, () => {
         if (src.charCodeAt(pos) !== 0x22) return false
         const keyStart = pos
@@ -557,18 +575,20 @@ const canonValue = (depth: number): string | undefined => {
         if (!scanColon()) return false
         const value = canonValue(depth + 1)
         if (value === undefined) return false
-        members.set(key, quotedKey + ":" + value)
+        if (keys === undefined || members === undefined) {
+          keys = [key]
+          members = [quotedKey + ":" + value]
+        } else {
+          if (sorted && compareCodePoints(keys[keys.length - 1]!, key) >= 0) sorted = false
+          keys.push(key)
+          members.push(quotedKey + ":" + value)
+        }
         return true
       })
       if (!ok) return undefined
-      if (members.size <= 1) return members.size === 0 ? "{}" : "{" + members.values().next().value + "}"
-      const keys = Array.from(members.keys()).sort(compareCodePoints)
-      let out = "{"
-      for (let i = 0; i < keys.length; i++) {
-        if (i > 0) out += ","
-        out += members.get(keys[i]!)!
-      }
-      return out + "}"
+      if (keys === undefined || members === undefined) return "{}"
+      if (sorted) return members.length === 1 ? "{" + members[0]! + "}" : "{" + members.join(",") + "}"
+      return "{" + sortedMembers(keys, members) + "}"
     }
     case 0x5b: { // [
       if (depth >= MAX_DEPTH) return undefined

@@ -12,6 +12,21 @@ const HEX_BYTE: ReadonlyArray<string> = Array.from({ length: 256 }, (_, i) => i.
 
 const defaultRandomBytes = (n: number): Uint8Array => globalThis.crypto.getRandomValues(new Uint8Array(n))
 
+/** Random bytes drawn 10 at a time from a pool refilled 2,560 bytes at once (one `getRandomValues` per 256 ids). */
+const POOL_BYTES = 2_560
+const pool = new Uint8Array(POOL_BYTES)
+let poolOffset = POOL_BYTES
+
+const pooledRandom10 = (): Uint8Array => {
+  if (poolOffset + 10 > POOL_BYTES) {
+    globalThis.crypto.getRandomValues(pool)
+    poolOffset = 0
+  }
+  const start = poolOffset
+  poolOffset += 10
+  return pool.subarray(start, start + 10)
+}
+
 const MAX_TIMESTAMP = 2 ** 48 - 1
 
 /** Last timestamp and 12-bit sequence (rand_a) handed out by this process. */
@@ -32,7 +47,8 @@ let lastSeq = 0
  * @category uuid
  */
 export const uuidv7 = (nowMs: number, randomBytes: (n: number) => Uint8Array = defaultRandomBytes): string => {
-  const rnd = randomBytes(10)
+  // The default source is pooled; the bytes are read before anything else can draw from the pool.
+  const rnd = randomBytes === defaultRandomBytes ? pooledRandom10() : randomBytes(10)
   let ms = Number.isFinite(nowMs) ? Math.min(Math.max(Math.floor(nowMs), 0), MAX_TIMESTAMP) : 0
   let seq: number
   if (ms > lastMs) {
