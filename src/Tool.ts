@@ -54,6 +54,11 @@ export interface Tool<
   /**
    * JSON Schema (draft-07) of the arguments as encoded, computed on first
    * access: a root with `$schema`, and `$defs` when the schema has definitions.
+   *
+   * In Effect 4 `Schema.Number` also encodes `NaN` and the infinities, as the
+   * strings `"NaN"`, `"Infinity"` and `"-Infinity"`, so its JSON Schema is an
+   * `anyOf` of a number and those strings; use `Schema.Finite` (or `Schema.Int`)
+   * for arguments an LLM should see as a plain `{"type":"number"}`.
    */
   readonly jsonSchema: JsonSchema.JsonSchema
   readonly idempotency: Idempotency
