@@ -3,7 +3,8 @@
  * with `tsc` (into `.bench/`) and runs the benchmarks of issue 14 in turn.
  * One JSON line per result goes to stdout; commentary, and a summary of every
  * target with its figure and whether it was met, go to stderr. A full run
- * takes about 6–8 minutes, `--quick` under 2.
+ * takes about 4–5 minutes (240 s measured with `REBUNO_REFERENCE_BIN`, of
+ * which `kernel` 117 s), `--quick` under 2.
  *
  * Wherever sides are compared they run in interleaved rounds in a rotated
  * order (round r starts with side r mod n, so no side always follows the
@@ -19,11 +20,20 @@
  *   SDK on `effect/http`'s HttpClient and the bare HttpClient floor;
  *   `replay`: the same for recorded steps (one round trip each);
  * - `kernel`: a 200-step agent over HTTP against the embedded kernel in its
- *   own process (`<cli> dev`) and, with `REBUNO_REFERENCE_BIN` (spawned with
- *   a temp manifest) or `REBUNO_REFERENCE_URL`, the reference Go kernel:
- *   steps/s of each and the ratio (target ≥ 2), kernel CPU µs/step from
- *   `/proc` (ours: target ≤ 300), agent CPU µs/step (target ≤ 250), and the
- *   protocol stage each side spoke (see `kernel.ts`);
+ *   own process (`<cli> dev`), with `REBUNO_REFERENCE_BIN` (spawned with a
+ *   temp manifest) or `REBUNO_REFERENCE_URL` the reference Go kernel, and a
+ *   do-nothing Node HTTP server (`node_floor`, `floorKernel.ts`), after a
+ *   warm-up of ≥ 1,000 steps per side; in two modes with the same agent
+ *   process, `sequential` (executions one after the other) and
+ *   `concurrent_8` (8 executions in flight): per mode steps/s of each side
+ *   and the ratio (target ≥ 2, printed for both modes:
+ *   `ratio_embedded_to_reference_sequential` and `…_concurrent_8`; the
+ *   headline gives `ratio_sequential` and `ratio_concurrent_8`, and
+ *   `ratio_ceiling_*`, the floor's steps/s over the reference's), kernel CPU
+ *   µs/step from `/proc` (ours: target ≤ 300, both modes), our kernel's CPU
+ *   above the floor's (`embedded_kernel_cpu_above_floor_us_per_step_*`),
+ *   agent CPU µs/step (target ≤ 250, sequential), and the protocol stage
+ *   each side spoke (see `kernel.ts`);
  * - `testkernel`: the test kit's steps/s (target ≥ 100,000) and a 100-step
  *   agent test (target ≤ 2 ms), in a fresh child process;
  * - `warm-up`: a fresh process's µs/step (wall, CPU) for steps 1–100,
@@ -44,7 +54,8 @@
  * Knobs (environment): `REBUNO_REFERENCE_BIN`, `REBUNO_REFERENCE_URL`,
  * `REBUNO_REFERENCE_PID`, `REBUNO_REFERENCE_AGENT_PORT`,
  * `REBUNO_REFERENCE_TOKEN` (`kernel.ts`, `endToEnd.ts`); `BENCH_KERNEL_STAGE`
- * runs our kernel at another stage in `kernel`; `BENCH_IN_FLIGHT` sets the
+ * runs our kernel at another stage in `kernel`, `BENCH_KERNEL_FLOOR=0`
+ * leaves out its `node_floor` side; `BENCH_IN_FLIGHT` sets the
  * size of `memory`, `BENCH_HEAP_SNAPSHOT=<file>` writes a heap snapshot while
  * its in-process runs are parked. tsx, which keeps function names by wrapping
  * every function it creates, would add 30–80 % to the in-process figures,

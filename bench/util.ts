@@ -303,9 +303,43 @@ export const spawnServer = async (
   }
 }
 
-/** The compiled CLI: `dist/bin/cli.js` when the package is built, else `.bench/src/bin/cli.js`. */
+/** The newest modification time (ms) of the files under `dir` whose names end with `ext`; 0 when none. */
+const newestMtime = (dir: string, ext: string): number => {
+  let newest = 0
+  try {
+    for (const name of fs.readdirSync(dir, { recursive: true, encoding: "utf8" })) {
+      if (!name.endsWith(ext)) continue
+      const mtime = fs.statSync(path.join(dir, name)).mtimeMs
+      if (mtime > newest) newest = mtime
+    }
+  } catch {
+    // no such directory
+  }
+  return newest
+}
+
+let cliChoice: string | undefined
+
+/**
+ * The compiled CLI: `dist/bin/cli.js` when the package is built and the build
+ * is not older than `src` (else it would run a stale kernel), otherwise
+ * `.bench/src/bin/cli.js` (compiled with the benchmarks, so from the same
+ * `src`). The choice is logged once.
+ */
 export const cliPath = (): string => {
   const root = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../" : "../../", import.meta.url))
   const dist = path.join(root, "dist/bin/cli.js")
-  return fs.existsSync(dist) ? dist : path.join(root, ".bench/src/bin/cli.js")
+  const compiled = path.join(root, ".bench/src/bin/cli.js")
+  const built = fs.existsSync(dist) ? newestMtime(path.join(root, "dist"), ".js") : 0
+  const stale = built > 0 && built < newestMtime(path.join(root, "src"), ".ts")
+  const chosen = built > 0 && !stale ? dist : compiled
+  if (cliChoice !== chosen) {
+    cliChoice = chosen
+    log(
+      `  kernel CLI: ${path.relative(process.cwd(), chosen)}${
+        stale ? " (dist/ is older than src/: not used)" : built > 0 ? "" : " (no dist/ build)"
+      }`
+    )
+  }
+  return chosen
 }
