@@ -716,6 +716,27 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     return { method, path, headers, body }
   }
 
+  /** The `dispatch_attempt` a request carries: the lease's, or "" without one. */
+  const attemptOf = (lease: Lease | undefined): string =>
+    lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
+
+  /** What a `v1=` signature covers (17.B): method, target, timestamp, dispatch id and attempt, body. */
+  const v1Input = (
+    method: "GET" | "POST" | "PUT",
+    path: string,
+    lease: Lease | undefined,
+    attempt: string,
+    body: Uint8Array | undefined,
+    timestamp: string
+  ) => ({
+    method,
+    target: basePath + path,
+    timestamp,
+    dispatchId: lease === undefined ? "" : lease.dispatchId,
+    dispatchAttempt: attempt,
+    body: body ?? EMPTY
+  })
+
   /**
    * Sign and build one request at the fiber's time (a fresh `v1` timestamp
    * for each try) where the HMAC can be computed on the spot (node:crypto);
@@ -730,7 +751,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     signing: SigningScheme,
     fiber: Fiber.Fiber<unknown, unknown>
   ): Transport.WireRequest | undefined => {
-    const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
+    const attempt = attemptOf(lease)
     if (signing === "sha256") {
       const signed = Signature.signSync(secret, body ?? EMPTY)
       return signed === undefined
@@ -738,14 +759,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
         : signedRequest(method, path, agentId, lease, attempt, body, signed, undefined)
     }
     const timestamp = String(Math.floor(fiber.getRef(Clock.Clock).currentTimeMillisUnsafe() / 1000))
-    const signed = Signature.signV1Sync(secret, {
-      method,
-      target: basePath + path,
-      timestamp,
-      dispatchId: lease === undefined ? "" : lease.dispatchId,
-      dispatchAttempt: attempt,
-      body: body ?? EMPTY
-    })
+    const signed = Signature.signV1Sync(secret, v1Input(method, path, lease, attempt, body, timestamp))
     return signed === undefined
       ? undefined
       : signedRequest(method, path, agentId, lease, attempt, body, signed, timestamp)
@@ -760,7 +774,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     body: Uint8Array | undefined,
     signing: SigningScheme
   ): Effect.Effect<Transport.WireRequest> => {
-    const attempt = lease === undefined || lease.attempt === undefined ? "" : String(lease.attempt)
+    const attempt = attemptOf(lease)
     if (signing === "sha256") {
       return Effect.map(
         Signature.sign(secret, body ?? EMPTY),
@@ -770,14 +784,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const timestamp = String(Math.floor(now / 1000))
       return Effect.map(
-        Signature.signV1(secret, {
-          method,
-          target: basePath + path,
-          timestamp,
-          dispatchId: lease === undefined ? "" : lease.dispatchId,
-          dispatchAttempt: attempt,
-          body: body ?? EMPTY
-        }),
+        Signature.signV1(secret, v1Input(method, path, lease, attempt, body, timestamp)),
         (signature) => signedRequest(method, path, agentId, lease, attempt, body, signature, timestamp)
       )
     })
