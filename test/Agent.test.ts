@@ -603,24 +603,9 @@ describe("HTTP", () => {
 // What a rejected webhook tells (issue 13)
 // ---------------------------------------------------------------------------
 
-interface Logged {
-  readonly level: string
-  readonly message: string
-  readonly annotations: Readonly<Record<string, unknown>>
-}
-
-/** A logger that keeps every entry (all levels) with its annotations. */
+/** Every log entry, and the rejected webhooks among them. */
 const captureLogs = () => {
-  const lines: Array<Logged> = []
-  const logger = Logger.make<unknown, void>((options) => {
-    const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
-    lines.push({
-      level: options.logLevel,
-      message: parts.map(String).join(" "),
-      annotations: { ...options.fiber.getRef(References.CurrentLogAnnotations) }
-    })
-  })
-  const layer = Layer.merge(Logger.layer([logger]), Layer.succeed(References.MinimumLogLevel, "All"))
+  const { layer, lines } = TestLogs.captureLogs()
   const rejections = () =>
     lines.filter((l) => l.message.startsWith("webhook request rejected")).map((l) => ({
       level: l.level,

@@ -1,12 +1,13 @@
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Deferred, Effect, Fiber, Layer, Logger, Queue, Ref, References } from "effect"
+import { Clock, Deferred, Effect, Fiber, Queue, Ref, References } from "effect"
 import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as Signature from "../../src/Signature.js"
 import * as Core from "../../src/kernel/Core.js"
 import * as Dispatcher from "../../src/kernel/Dispatcher.js"
+import * as TestLogs from "../support/logging.js"
 
 const SECRET = "hello-secret"
 
@@ -74,26 +75,6 @@ const deliveredAll = (core: Core.KernelCore, log: Queue.Queue<Delivered>, taken 
 const eventTypes = (core: Core.KernelCore, id: string) =>
   Effect.map(core.eventLog(id), (events) => events.map((e) => e.type))
 
-interface Logged {
-  readonly level: string
-  readonly message: string
-  readonly annotations: Readonly<Record<string, unknown>>
-}
-
-/** A logger that keeps every entry (all levels) with its annotations. */
-const captureLogs = () => {
-  const lines: Array<Logged> = []
-  const logger = Logger.make<unknown, void>((options) => {
-    const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
-    lines.push({
-      level: options.logLevel,
-      message: parts.map(String).join(" "),
-      annotations: { ...options.fiber.getRef(References.CurrentLogAnnotations) }
-    })
-  })
-  const layer = Layer.merge(Logger.layer([logger]), Layer.succeed(References.MinimumLogLevel, "All"))
-  return { lines, layer }
-}
 
 const payloadsOf = (core: Core.KernelCore, id: string, type: string) =>
   Effect.map(core.eventLog(id), (events) => events.filter((e) => e.type === type).map((e) => e.payload))
@@ -550,7 +531,7 @@ describe("Dispatcher", () => {
       }).pipe(Effect.provide(NodeHttpClient.layerUndici)))
 
     it.live("a refused connection, a 401 and a timeout: a warning each with agent, URL, attempt and cause, and the cause on dispatch.failed", () => {
-      const capture = captureLogs()
+      const capture = TestLogs.captureLogs()
       return Effect.gen(function*() {
         const rejecting = yield* serve((req, res) => {
           req.resume()
@@ -623,7 +604,7 @@ describe("Dispatcher", () => {
     })
 
     it.effect("every attempt is logged, the last one with the execution's failure; a success at debug level", () => {
-      const capture = captureLogs()
+      const capture = TestLogs.captureLogs()
       return Effect.gen(function*() {
         const { core, create } = yield* setup({ maxAttempts: 2 })
         const dispatcher = yield* Dispatcher.make(core, { deliver: () => Effect.fail(rejected), background: false })
@@ -665,7 +646,7 @@ describe("Dispatcher", () => {
     })
 
     it.effect("a deliverer's plain `false` and its defects are failures too; the logs stay silent below their level", () => {
-      const capture = captureLogs()
+      const capture = TestLogs.captureLogs()
       return Effect.gen(function*() {
         const { core, create } = yield* setup({ maxAttempts: 5 })
         let calls = 0
@@ -695,7 +676,7 @@ describe("Dispatcher", () => {
     })
 
     it.effect("credentials in a webhook URL stay out of the logs", () => {
-      const capture = captureLogs()
+      const capture = TestLogs.captureLogs()
       return Effect.gen(function*() {
         const core = yield* Core.make({ random: () => 0 })
         yield* core.registerAgent({ id: "hello", webhookUrl: "http://bob:hunter2@127.0.0.1:1/webhook", secret: SECRET })
@@ -711,7 +692,7 @@ describe("Dispatcher", () => {
     })
 
     it.effect("seed and v0.14.0 stages keep dispatch.failed as PROTOCOL 12.2 writes it; the log still tells the cause", () => {
-      const capture = captureLogs()
+      const capture = TestLogs.captureLogs()
       return Effect.gen(function*() {
         for (const stage of ["seed", "v0.14.0"] as const) {
           const { core, create } = yield* setup({ stage })

@@ -21,7 +21,7 @@
  *
  * @since 0.2.0
  */
-import { Layer, Logger } from "effect"
+import { Layer, Logger, References } from "effect"
 
 /** The lines logged since the current test started, oldest first. */
 const buffer: Array<string> = []
@@ -57,4 +57,35 @@ export const lines = (): ReadonlyArray<string> => buffer.slice()
  */
 export const reset = (): void => {
   buffer.length = 0
+}
+
+/**
+ * One logged entry as {@link captureLogs} keeps it.
+ *
+ * @since 0.2.0
+ */
+export interface Logged {
+  readonly level: string
+  readonly message: string
+  readonly annotations: Readonly<Record<string, unknown>>
+}
+
+/**
+ * A logger that keeps every entry (all levels) with its annotations, for a
+ * test that asserts on what was logged: provide `layer`, read `lines`.
+ *
+ * @since 0.2.0
+ */
+export const captureLogs = (): { readonly lines: Array<Logged>; readonly layer: Layer.Layer<never> } => {
+  const lines: Array<Logged> = []
+  const logger = Logger.make<unknown, void>((options) => {
+    const parts: ReadonlyArray<unknown> = Array.isArray(options.message) ? options.message : [options.message]
+    lines.push({
+      level: options.logLevel,
+      message: parts.map(String).join(" "),
+      annotations: { ...options.fiber.getRef(References.CurrentLogAnnotations) }
+    })
+  })
+  const layer = Layer.merge(Logger.layer([logger]), Layer.succeed(References.MinimumLogLevel, "All"))
+  return { lines, layer }
 }
