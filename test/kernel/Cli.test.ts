@@ -9,6 +9,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import { fileURLToPath } from "node:url"
 import * as KernelConfig from "../../src/kernel/Config.js"
+import { accepts, externalAddress } from "../support/network.js"
 
 const repoRoot = fileURLToPath(new URL("../..", import.meta.url))
 
@@ -77,22 +78,6 @@ const tempDir = Effect.acquireRelease(
   Effect.sync(() => Fs.mkdtempSync(Path.join(Os.tmpdir(), "rebuno-cli-"))),
   (dir) => Effect.sync(() => Fs.rmSync(dir, { recursive: true, force: true }))
 )
-
-/** This machine's first non-loopback IPv4 address, if it has one. */
-const externalAddress = Object.values(Os.networkInterfaces()).flat().find((i) =>
-  i !== undefined && i.family === "IPv4" && !i.internal
-)?.address
-
-/** Whether a TCP connection to `host:port` is accepted. */
-const accepts = (host: string, port: number) =>
-  Effect.callback<boolean>((resume) => {
-    const socket = Net.connect({ host, port })
-    socket.once("connect", () => {
-      socket.destroy()
-      resume(Effect.succeed(true))
-    })
-    socket.once("error", () => resume(Effect.succeed(false)))
-  }).pipe(Effect.timeout("3 seconds"))
 
 /** A port nothing listens on (bound, then released). */
 const closedPort = Effect.callback<number>((resume) => {

@@ -2,7 +2,6 @@ import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Fiber, Layer, Redacted } from "effect"
 import { HttpServer } from "effect/http"
 import { TestConsole } from "effect/testing"
-import * as Net from "node:net"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -10,6 +9,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import * as Signature from "../../src/Signature.js"
 import * as Kernel from "../../src/kernel/index.js"
+import { accepts, externalAddress } from "../support/network.js"
 
 interface RawResponse {
   readonly status: number
@@ -37,22 +37,6 @@ const raw = (
 
 const start = (options: Kernel.StartOptions = {}) =>
   Kernel.start({ port: 0, dispatcher: { deliver: () => Effect.succeed(true) }, ...options })
-
-/** This machine's first non-loopback IPv4 address, if it has one. */
-const externalAddress = Object.values(Os.networkInterfaces()).flat().find((i) =>
-  i !== undefined && i.family === "IPv4" && !i.internal
-)?.address
-
-/** Whether a TCP connection to `host:port` is accepted. */
-const accepts = (host: string, port: number) =>
-  Effect.callback<boolean>((resume) => {
-    const socket = Net.connect({ host, port })
-    socket.once("connect", () => {
-      socket.destroy()
-      resume(Effect.succeed(true))
-    })
-    socket.once("error", () => resume(Effect.succeed(false)))
-  }).pipe(Effect.timeout("3 seconds"))
 
 const portOf = (url: string) => Number(new URL(url).port)
 
