@@ -9,6 +9,7 @@
  * @since 0.1.0
  * @internal
  */
+import { uuidv7 } from "../../internal/wire/uuid.js"
 import type { ExecutionStatus } from "../../Protocol.js"
 import type * as Policy from "../Policy.js"
 import type { DispatchState } from "./dispatchQueue.js"
@@ -158,8 +159,21 @@ export class ExecutionTable {
   readonly sessions = new Map<string, SessionState>()
   /** Labels of the sessions whose queue may hold a pending execution (the admission sweep's work list). */
   readonly queued = new Set<string>()
+
   /** Executions by agent and idempotency key (PROTOCOL-CURRENT C.4.1 step 4). */
   private readonly keys = new Map<string, ExecState>()
+
+  /**
+   * The id of a new execution: the requested one, or `undefined` when an
+   * execution already has it; without a request, a fresh UUIDv7 no execution has.
+   */
+  idFor(requested: string | undefined, now: number): string | undefined {
+    if (requested !== undefined) return this.byId.has(requested) ? undefined : requested
+    let id: string
+    do id = uuidv7(now)
+    while (this.byId.has(id))
+    return id
+  }
 
   /**
    * Add an execution with this record (its id not taken yet), as a member of

@@ -15,7 +15,6 @@
  */
 import * as Result from "effect/Result"
 import { formatTimestamp } from "../../internal/wire/time.js"
-import { uuidv7 } from "../../internal/wire/uuid.js"
 import * as StepId from "../../StepId.js"
 import * as Policy from "../Policy.js"
 import type { StepIdentity } from "./eventLog.js"
@@ -153,13 +152,8 @@ export const fork = (state: CoreState, sourceId: string, r: ForkRequest, now: nu
       overrides.set(stepId, outcome)
     }
   }
-  let id = r.id
-  if (id !== undefined) {
-    if (executions.byId.has(id)) return conflict()
-  } else {
-    do id = uuidv7(now)
-    while (executions.byId.has(id))
-  }
+  const id = executions.idFor(r.id, now)
+  if (id === undefined) return conflict()
 
   // Where each resource starts from (step 4), known before anything is written.
   const forked: Array<{

@@ -16,7 +16,6 @@
  * @since 0.1.0
  * @internal
  */
-import { uuidv7 } from "../../internal/wire/uuid.js"
 import { formatTimestamp } from "../../internal/wire/time.js"
 import type { ExecState } from "./executions.js"
 import { goQuote } from "./goQuote.js"
@@ -147,13 +146,8 @@ export const create = (state: CoreState, r: CreateRequest, now: number): Executi
       spawner = checked
     }
   }
-  let id = r.id
-  if (id !== undefined) {
-    if (executions.byId.has(id)) return conflict()
-  } else {
-    do id = uuidv7(now)
-    while (executions.byId.has(id))
-  }
+  const id = executions.idFor(r.id, now)
+  if (id === undefined) return conflict()
   const deadlineMs = state.settings.deadlineMs
   const deadlineAtMs = deadlineMs === undefined ? undefined : now + deadlineMs
   let record: ExecutionRecord = {
