@@ -9,7 +9,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Fiber, Layer, Random, Schema } from "effect"
 import { Agent, KernelClient, Tool } from "effect-rebuno"
-import type { ToolError } from "effect-rebuno"
+import type { Protocol, ToolError } from "effect-rebuno"
 import { TestKernel } from "effect-rebuno/testing"
 
 const indeterminate = {
@@ -100,203 +100,271 @@ const at = (event: { readonly occurredAt: string }) => Date.parse(event.occurred
  */
 const nominalDelays = Layer.succeed(Random.Random, { nextDoubleUnsafe: () => 0.5, nextIntUnsafe: () => 0 })
 
-/** The kit, with retry delays at their nominal values. */
-const kit = (options: TestKernel.Options<never>) => TestKernel.layer(options).pipe(Layer.provide(nominalDelays))
+type World = ReturnType<typeof makeWorld>
+
+/** A hold for a `fetch` body: it announces itself on `started`, then waits until `open`. */
+const makeHold = Effect.all({ open: Deferred.make<void>(), started: Deferred.make<void>() })
+
+/** How a case's kit is set up. */
+interface KitSetup extends Pick<TestKernel.Options<never>, "transport" | "stage" | "settings"> {
+  /** Layers under the kit: `nominalDelays`, a `KernelClient.OutcomeRetry`. */
+  readonly under?: Layer.Layer<never> | undefined
+}
+
+/** The kit serving `agents`. */
+const kitFor = (agents: ReadonlyArray<Agent.Agent<any, any, any, never>>, setup: KitSetup = {}) => {
+  const layer = TestKernel.layer({ agents, transport: setup.transport, stage: setup.stage, settings: setup.settings })
+  return setup.under === undefined ? layer : layer.pipe(Layer.provide(setup.under))
+}
+
+/** The seed stage with no jitter on the dispatch backoff, so that its times are exact. */
+const seedStage: KitSetup = { stage: "seed", settings: { random: () => 0 } }
+
+interface ShopSetup extends KitSetup {
+  /** How the shop's `fetch` body behaves. */
+  readonly world?: WorldOptions | undefined
+}
+
+/** A fresh shop world on its own kit; `body` gets the kernel and the world. */
+const inShop = <A, E, R>(
+  setup: ShopSetup,
+  body: (kernel: TestKernel.TestKernel.Service, world: World) => Effect.Effect<A, E, R>
+) => {
+  const world = makeWorld(setup.world)
+  return Effect.gen(function*() {
+    return yield* body(yield* TestKernel.TestKernel, world)
+  }).pipe(Effect.provide(kitFor([world.agent], setup)))
+}
+
+/** What a user sees of a run of the shop. Each member given is asserted; the others are not. */
+interface Outcome {
+  readonly status?: Protocol.ExecutionStatus
+  readonly failureReason?: string
+  readonly output?: unknown
+  readonly lapsed?: boolean
+  readonly deliveries?: number
+  /** How many times each body started, counted when this is checked. */
+  readonly started?: World["started"]
+  /** How many times each body finished, counted when this is checked. */
+  readonly finished?: World["finished"]
+  /** The final status of each step, by target. */
+  readonly statuses?: Readonly<Record<string, Protocol.StepStatus>>
+  /** How many events of each of these types the execution recorded. */
+  readonly events?: Readonly<Record<string, number>>
+}
+
+/** Assert each member of `outcome` that is given against the run and the world. */
+const expectOutcome = (run: TestKernel.RunResult, world: World, outcome: Outcome) => {
+  if (outcome.status !== undefined) expect(run.status).toBe(outcome.status)
+  if (outcome.failureReason !== undefined) expect(run.failureReason).toBe(outcome.failureReason)
+  if (outcome.output !== undefined) expect(run.output).toEqual(outcome.output)
+  if (outcome.lapsed !== undefined) expect(run.lapsed).toBe(outcome.lapsed)
+  if (outcome.deliveries !== undefined) expect(run.deliveries).toBe(outcome.deliveries)
+  if (outcome.started !== undefined) expect(world.started).toEqual(outcome.started)
+  if (outcome.finished !== undefined) expect(world.finished).toEqual(outcome.finished)
+  if (outcome.statuses !== undefined) expect(statuses(run)).toEqual(outcome.statuses)
+  for (const [type, n] of Object.entries(outcome.events ?? {})) expect(count(run, type), type).toBe(n)
+}
+
+const completed: Outcome = { status: "completed", output: expectedOutput }
+const fetchFailed: Outcome = { status: "failed", failureReason: "tool_error: fetch: upstream down" }
+/** The charge's outcome unknown to the agent, which carries on. */
+const chargeUnknown: Outcome = {
+  status: "completed",
+  output: { value: "value of k", charged: "unknown" },
+  statuses: { fetch: "succeeded", charge: "failed" }
+}
+const allSucceeded = { fetch: "succeeded", charge: "succeeded" } as const
+
+/** One fault case: a single run of the shop on `{ key: "k" }`, with what it must show. */
+interface FaultCase extends ShopSetup, Outcome {
+  /** What goes wrong, and where: crashes, a lease lapse, transport faults. */
+  readonly inject?: TestKernel.RunOptions | undefined
+  /** Set the kernel up before the run (a webhook that fails). */
+  readonly prepare?: ((kernel: TestKernel.TestKernel.Service, world: World) => Effect.Effect<void>) | undefined
+  /** The case's own observations: the calls on the wire, their answers and times. */
+  readonly check?: ((run: TestKernel.RunResult) => void) | undefined
+}
+
+/** A fresh shop world and kit, one run with the case's faults, then its outcome and its own checks. */
+const faultRun = (c: FaultCase) =>
+  inShop(c, (kernel, world) =>
+    Effect.gen(function*() {
+      if (c.prepare !== undefined) yield* c.prepare(kernel, world)
+      const run = yield* kernel.run(world.agent, { key: "k" }, c.inject)
+      expectOutcome(run, world, c)
+      c.check?.(run)
+    }))
 
 describe("crashes", () => {
-  it.effect("before a step's body (after submit answered proceed): the body runs once, in the redelivery", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, { crash: { call: "submitStep", index: 0, when: "after" } })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      const lost = callsOf(run, 1, "submitStep")
-      expect(lost.map((c) => [c.answer, c.delivered, c.injected])).toEqual([["proceed", false, "crash"]])
-      // the orphaned executing step is proceeded again (safe_to_retry), with the same id
-      expect(callsOf(run, 2, "submitStep")[0]).toMatchObject({ answer: "proceed", stepId: lost[0]!.stepId })
-      expect(run.deliveries).toBe(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+  it.effect("before a step's body (after submit answered proceed): the body runs once, in the redelivery", () =>
+    faultRun({
+      inject: { crash: { call: "submitStep", index: 0, when: "after" } },
+      ...completed,
+      started: { fetch: 1, charge: 1 },
+      statuses: allSucceeded,
+      deliveries: 2,
+      check: (run) => {
+        const lost = callsOf(run, 1, "submitStep")
+        expect(lost.map((c) => [c.answer, c.delivered, c.injected])).toEqual([["proceed", false, "crash"]])
+        // the orphaned executing step is proceeded again (safe_to_retry), with the same id
+        expect(callsOf(run, 2, "submitStep")[0]).toMatchObject({ answer: "proceed", stepId: lost[0]!.stepId })
+      }
+    }))
 
-  it.effect("before an at_most_once body: it never runs, the replay reports an indeterminate outcome", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, { crash: { call: "submitStep", index: 1, when: "after" } })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual({ value: "value of k", charged: "unknown" })
-      expect(world.started).toEqual({ fetch: 1, charge: 0 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "failed" })
-      expect(run.steps.find((s) => s.target === "charge")?.error).toEqual(indeterminate)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+  it.effect("before an at_most_once body: it never runs, the replay reports an indeterminate outcome", () =>
+    faultRun({
+      inject: { crash: { call: "submitStep", index: 1, when: "after" } },
+      ...chargeUnknown,
+      started: { fetch: 1, charge: 0 },
+      check: (run) => expect(run.steps.find((s) => s.target === "charge")?.error).toEqual(indeterminate)
+    }))
 
   it.effect("during the body (the process dies mid-body): the interrupted body runs again", () =>
     Effect.gen(function*() {
-      const hold = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const world = makeWorld({ holdFirst: hold })
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        const settling = yield* Effect.forkChild(kernel.settle(id))
-        yield* Deferred.await(hold.started)
-        yield* kernel.restart(world.agent.id)
-        const run = yield* Fiber.join(settling)
-        expect(run.status).toBe("completed")
-        expect(run.output).toEqual(expectedOutput)
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
-        expect(callsOf(run, 1, "completeStep")).toEqual([])
-        expect(count(run, "step.succeeded")).toBe(2)
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+      const hold = yield* makeHold
+      yield* inShop({ world: { holdFirst: hold } }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          const settling = yield* Effect.forkChild(kernel.settle(id))
+          yield* Deferred.await(hold.started)
+          yield* kernel.restart(world.agent.id)
+          const run = yield* Fiber.join(settling)
+          expectOutcome(run, world, {
+            ...completed,
+            started: { fetch: 2, charge: 1 },
+            finished: { fetch: 1, charge: 1 },
+            events: { "step.succeeded": 2 }
+          })
+          expect(callsOf(run, 1, "completeStep")).toEqual([])
+        }))
     }))
 
-  it.effect("after the body, before recording: a safe body runs again; an at_most_once one does not", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const safe = yield* kernel.run(world.agent, { key: "k" }, {
-        crash: { call: "completeStep", index: 0, when: "before" }
-      })
-      expect(safe.output).toEqual(expectedOutput)
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-      expect(statuses(safe)).toEqual({ fetch: "succeeded", charge: "succeeded" })
+  it.effect("after the body, before recording: a safe body runs again; an at_most_once one does not", () =>
+    inShop({}, (kernel, world) =>
+      Effect.gen(function*() {
+        const safe = yield* kernel.run(world.agent, { key: "k" }, {
+          crash: { call: "completeStep", index: 0, when: "before" }
+        })
+        expectOutcome(safe, world, { output: expectedOutput, started: { fetch: 2, charge: 1 }, statuses: allSucceeded })
 
-      const once = yield* kernel.run(world.agent, { key: "k" }, {
-        crash: { call: "completeStep", index: 1, when: "before" }
-      })
-      expect(once.status).toBe("completed")
-      expect(once.output).toEqual({ value: "value of k", charged: "unknown" })
-      expect(world.started).toEqual({ fetch: 3, charge: 2 })
-      expect(statuses(once)).toEqual({ fetch: "succeeded", charge: "failed" })
-      // the recorded fetch replayed; the charge ran once and was never recorded as a success
-      expect(callsOf(once, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
-      expect(count(once, "step.succeeded")).toBe(1)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+        const once = yield* kernel.run(world.agent, { key: "k" }, {
+          crash: { call: "completeStep", index: 1, when: "before" }
+        })
+        // the recorded fetch replayed; the charge ran once and was never recorded as a success
+        expectOutcome(once, world, { ...chargeUnknown, started: { fetch: 3, charge: 2 }, events: { "step.succeeded": 1 } })
+        expect(callsOf(once, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
+      })))
 
-  it.effect("before reporting the outcome: everything replays, nothing runs again", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        crash: { call: "completeExecution", index: 0, when: "before" }
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(callsOf(run, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
-      expect(callsOf(run, 2, "completeStep")).toEqual([])
-      expect(count(run, "execution.completed")).toBe(1)
-      expect(count(run, "step.succeeded")).toBe(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+  it.effect("before reporting the outcome: everything replays, nothing runs again", () =>
+    faultRun({
+      inject: { crash: { call: "completeExecution", index: 0, when: "before" } },
+      ...completed,
+      started: { fetch: 1, charge: 1 },
+      events: { "execution.completed": 1, "step.succeeded": 2 },
+      check: (run) => {
+        expect(callsOf(run, 2, "submitStep").map((c) => c.answer)).toEqual(["replay", "replay"])
+        expect(callsOf(run, 2, "completeStep")).toEqual([])
+      }
+    }))
 })
 
 describe("a lease that lapses while the run is alive", () => {
-  it.effect("the stalled run is fenced when it wakes up; the new attempt replays", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        lapse: { call: "completeStep", index: 0, when: "before" }
-      })
-      expect(run.lapsed).toBe(true)
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-      // the old attempt's step complete reached the kernel only after the lapse, and was refused
-      const old = callsOf(run, 1).filter((c) => c.call !== "heartbeat" && c.call !== "getExecution")
-      expect(old.map((c) => [c.call, c.answer])).toEqual([
-        ["submitStep", "proceed"],
-        ["completeStep", "lease_superseded"]
-      ])
-      // the old attempt stopped: nothing of it after the fence, heartbeats included
-      const fence = old[1]!
-      expect(callsOf(run, 1).filter((c) => c.seq >= fence.answerSeq!)).toEqual([])
-      expect(count(run, "step.succeeded")).toBe(2)
-      // the redelivery came after the lease timeout (120 s) on virtual time, on the next tick
-      const acks = run.events.filter((e) => e.type === "dispatch.acked")
-      expect(acks).toHaveLength(2)
-      const gap = at(acks[1]!) - at(acks[0]!)
-      expect(gap).toBeGreaterThan(120_000)
-      expect(gap).toBeLessThanOrEqual(122_000)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+  it.effect("the stalled run is fenced when it wakes up; the new attempt replays", () =>
+    faultRun({
+      inject: { lapse: { call: "completeStep", index: 0, when: "before" } },
+      lapsed: true,
+      ...completed,
+      started: { fetch: 2, charge: 1 },
+      events: { "step.succeeded": 2 },
+      check: (run) => {
+        // the old attempt's step complete reached the kernel only after the lapse, and was refused
+        const old = callsOf(run, 1).filter((c) => c.call !== "heartbeat" && c.call !== "getExecution")
+        expect(old.map((c) => [c.call, c.answer])).toEqual([
+          ["submitStep", "proceed"],
+          ["completeStep", "lease_superseded"]
+        ])
+        // the old attempt stopped: nothing of it after the fence, heartbeats included
+        const fence = old[1]!
+        expect(callsOf(run, 1).filter((c) => c.seq >= fence.answerSeq!)).toEqual([])
+        // the redelivery came after the lease timeout (120 s) on virtual time, on the next tick
+        const acks = run.events.filter((e) => e.type === "dispatch.acked")
+        expect(acks).toHaveLength(2)
+        const gap = at(acks[1]!) - at(acks[0]!)
+        expect(gap).toBeGreaterThan(120_000)
+        expect(gap).toBeLessThanOrEqual(122_000)
+      }
+    }))
 
   it.effect("a zombie worker held mid-body: its next heartbeat is fenced, it stops and writes nothing", () =>
     Effect.gen(function*() {
-      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const world = makeWorld({ holdFirst: first })
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        yield* kernel.tick
-        yield* Deferred.await(first.started)
-        // the worker is cut off (it keeps running), its lease lapses, the kernel redelivers elsewhere
-        yield* kernel.partition(world.agent.id)
-        expect(yield* kernel.expireLeases).toBe(1)
-        yield* kernel.tick
-        const run = yield* kernel.settle(id)
-        expect(run.status).toBe("completed")
-        expect(run.output).toEqual(expectedOutput)
-        // the zombie's heartbeat (30 s in) was refused: it stopped, its body was interrupted
-        const zombie = callsOf(run, 1)
-        expect(zombie.map((c) => [c.call, c.answer])).toEqual([
-          ["submitStep", "proceed"],
-          ["heartbeat", "lease_superseded"]
-        ])
-        expect(yield* kernel.activeRuns).toBe(0)
-        yield* Deferred.succeed(first.open, undefined)
-        yield* kernel.settle(id)
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
-        expect((yield* kernel.calls(id)).filter((c) => c.attempt === 1)).toHaveLength(2)
-        expect(run.steps.map((s) => s.status)).toEqual(["succeeded", "succeeded"])
-        expect(count(run, "step.succeeded")).toBe(2)
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+      const first = yield* makeHold
+      yield* inShop({ world: { holdFirst: first } }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          yield* kernel.tick
+          yield* Deferred.await(first.started)
+          // the worker is cut off (it keeps running), its lease lapses, the kernel redelivers elsewhere
+          yield* kernel.partition(world.agent.id)
+          expect(yield* kernel.expireLeases).toBe(1)
+          yield* kernel.tick
+          const run = yield* kernel.settle(id)
+          expectOutcome(run, world, completed)
+          // the zombie's heartbeat (30 s in) was refused: it stopped, its body was interrupted
+          const zombie = callsOf(run, 1)
+          expect(zombie.map((c) => [c.call, c.answer])).toEqual([
+            ["submitStep", "proceed"],
+            ["heartbeat", "lease_superseded"]
+          ])
+          expect(yield* kernel.activeRuns).toBe(0)
+          yield* Deferred.succeed(first.open, undefined)
+          yield* kernel.settle(id)
+          expectOutcome(run, world, {
+            started: { fetch: 2, charge: 1 },
+            finished: { fetch: 1, charge: 1 },
+            events: { "step.succeeded": 2 }
+          })
+          expect((yield* kernel.calls(id)).filter((c) => c.attempt === 1)).toHaveLength(2)
+          expect(run.steps.map((s) => s.status)).toEqual(["succeeded", "succeeded"])
+        }))
     }))
 
   it.effect("a zombie that wakes up while the new attempt is running gets lease_superseded", () =>
     Effect.gen(function*() {
-      const gate = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
+      const gate = yield* makeHold
+      const first = yield* makeHold
       let bodies = 0
-      const hold = { open: gate.open, started: gate.started }
       // the first body waits on `first`, the second on `gate`
-      const world = makeWorld({
+      const holds: WorldOptions = {
         get gate() {
-          return bodies++ === 0 ? first : hold
+          return bodies++ === 0 ? first : gate
         }
-      } as WorldOptions)
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        yield* kernel.tick
-        yield* Deferred.await(first.started)
-        yield* kernel.partition(world.agent.id)
-        yield* kernel.expireLeases
-        yield* kernel.tick
-        yield* Deferred.await(gate.started)
-        // both bodies are in flight; the zombie finishes first
-        yield* Deferred.succeed(first.open, undefined)
-        yield* Effect.repeat(Effect.yieldNow, { times: 20 })
-        yield* Deferred.succeed(gate.open, undefined)
-        const run = yield* kernel.settle(id)
-        expect(run.status).toBe("completed")
-        expect(run.output).toEqual(expectedOutput)
-        const zombie = callsOf(run, 1)
-        expect(zombie.map((c) => [c.call, c.answer])).toEqual([
-          ["submitStep", "proceed"],
-          ["completeStep", "lease_superseded"]
-        ])
-        expect(world.finished).toEqual({ fetch: 2, charge: 1 })
-        expect(count(run, "step.succeeded")).toBe(2)
-        expect(count(run, "execution.completed")).toBe(1)
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+      }
+      yield* inShop({ world: holds }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          yield* kernel.tick
+          yield* Deferred.await(first.started)
+          yield* kernel.partition(world.agent.id)
+          yield* kernel.expireLeases
+          yield* kernel.tick
+          yield* Deferred.await(gate.started)
+          // both bodies are in flight; the zombie finishes first
+          yield* Deferred.succeed(first.open, undefined)
+          yield* Effect.repeat(Effect.yieldNow, { times: 20 })
+          yield* Deferred.succeed(gate.open, undefined)
+          const run = yield* kernel.settle(id)
+          expectOutcome(run, world, {
+            ...completed,
+            finished: { fetch: 2, charge: 1 },
+            events: { "step.succeeded": 2, "execution.completed": 1 }
+          })
+          const zombie = callsOf(run, 1)
+          expect(zombie.map((c) => [c.call, c.answer])).toEqual([
+            ["submitStep", "proceed"],
+            ["completeStep", "lease_superseded"]
+          ])
+        }))
     }))
 
   it.effect.each([["submit", "between"], ["complete", "inside"]] as const)(
@@ -364,30 +432,30 @@ describe("a lease that lapses while the run is alive", () => {
             ] :
             [["submitStep", "first", "proceed"], ["completeStep", "first", "lease_superseded"]]
         )
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [agent] })))
+      }).pipe(Effect.provide(kitFor([agent])))
     }))
 
   it.effect("in the same process, the newer delivery supersedes the run: its body is interrupted", () =>
     Effect.gen(function*() {
-      const first = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const world = makeWorld({ holdFirst: first })
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        yield* kernel.tick
-        yield* Deferred.await(first.started)
-        yield* kernel.expireLeases
-        yield* kernel.tick
-        yield* Deferred.succeed(first.open, undefined)
-        const run = yield* kernel.settle(id)
-        expect(run.status).toBe("completed")
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
-        expect(run.output).toEqual(expectedOutput)
-        expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-        expect(callsOf(run, 1).map((c) => c.call)).toEqual(["submitStep"])
-        expect(run.deliveries).toBe(2)
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+      const first = yield* makeHold
+      yield* inShop({ world: { holdFirst: first } }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          yield* kernel.tick
+          yield* Deferred.await(first.started)
+          yield* kernel.expireLeases
+          yield* kernel.tick
+          yield* Deferred.succeed(first.open, undefined)
+          const run = yield* kernel.settle(id)
+          expectOutcome(run, world, {
+            ...completed,
+            started: { fetch: 2, charge: 1 },
+            finished: { fetch: 1, charge: 1 },
+            statuses: allSucceeded,
+            deliveries: 2
+          })
+          expect(callsOf(run, 1).map((c) => c.call)).toEqual(["submitStep"])
+        }))
     }))
 })
 
@@ -413,320 +481,284 @@ describe("webhooks", () => {
       const t0 = at(tail[0]!)
       expect(tail.map((e) => at(e) - t0)).toEqual([0, 2_000, 4_000, 8_000, 16_000, 16_000])
       expect(run.deliveries).toBe(0)
-    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", settings: { random: () => 0 } }))))
+    }).pipe(Effect.provide(kitFor([], seedStage))))
 
-  it.effect("a runtime answering 500 twice: retried, then delivered on the 3rd attempt", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.failWebhooks(world.agent.id, { times: 2 })
-      const run = yield* kernel.run(world.agent, { key: "k" })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      const dispatch = run.events.filter((e) => e.type.startsWith("dispatch.") && e.type !== "dispatch.queued")
-      expect(dispatch.map((e) => [e.type, (e.payload as { attempt: number }).attempt, at(e) - at(dispatch[0]!)]))
-        .toEqual([["dispatch.failed", 1, 0], ["dispatch.failed", 2, 2_000], ["dispatch.acked", 3, 4_000]])
-      expect(run.deliveries).toBe(1)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-    }).pipe(Effect.provide(TestKernel.layer({ stage: "seed", agents: [world.agent], settings: { random: () => 0 } })))
-  })
+  it.effect("a runtime answering 500 twice: retried, then delivered on the 3rd attempt", () =>
+    faultRun({
+      ...seedStage,
+      prepare: (kernel, world) => kernel.failWebhooks(world.agent.id, { times: 2 }),
+      ...completed,
+      deliveries: 1,
+      started: { fetch: 1, charge: 1 },
+      check: (run) => {
+        const dispatch = run.events.filter((e) => e.type.startsWith("dispatch.") && e.type !== "dispatch.queued")
+        expect(dispatch.map((e) => [e.type, (e.payload as { attempt: number }).attempt, at(e) - at(dispatch[0]!)]))
+          .toEqual([["dispatch.failed", 1, 0], ["dispatch.failed", 2, 2_000], ["dispatch.acked", 3, 4_000]])
+      }
+    }))
 
-  it.effect("a runtime that always fails exhausts the dispatch; the handler never runs", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      yield* kernel.failWebhooks(world.agent.id)
-      const run = yield* kernel.run(world.agent, { key: "k" })
-      expect(run.status).toBe("failed")
-      expect(run.failureReason).toBe("dispatch_exhausted")
-      expect(count(run, "dispatch.failed")).toBe(5)
-      expect(world.started).toEqual({ fetch: 0, charge: 0 })
-      expect(run.calls).toEqual([])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
-  })
+  it.effect("a runtime that always fails exhausts the dispatch; the handler never runs", () =>
+    faultRun({
+      prepare: (kernel, world) => kernel.failWebhooks(world.agent.id),
+      status: "failed",
+      failureReason: "dispatch_exhausted",
+      events: { "dispatch.failed": 5 },
+      started: { fetch: 0, charge: 0 },
+      check: (run) => expect(run.calls).toEqual([])
+    }))
 
   it.effect("duplicate and stale deliveries are ignored: no second run", () =>
     Effect.gen(function*() {
-      const gate = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const world = makeWorld({ gate })
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        const reads = Effect.map(kernel.calls(id), (calls) => calls.filter((c) => c.call === "getExecution").length)
-        yield* kernel.tick
-        yield* Deferred.await(gate.started)
-        expect(yield* reads).toBe(1)
+      const gate = yield* makeHold
+      yield* inShop({ world: { gate } }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          const reads = Effect.map(kernel.calls(id), (calls) => calls.filter((c) => c.call === "getExecution").length)
+          yield* kernel.tick
+          yield* Deferred.await(gate.started)
+          expect(yield* reads).toBe(1)
 
-        // the same attempt again: a duplicate
-        expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
-        expect(yield* kernel.activeRuns).toBe(1)
-        expect(yield* reads).toBe(1)
+          // the same attempt again: a duplicate
+          expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
+          expect(yield* kernel.activeRuns).toBe(1)
+          expect(yield* reads).toBe(1)
 
-        // attempt 2 supersedes attempt 1; then attempt 1 arrives late: stale
-        yield* kernel.expireLeases
-        yield* kernel.tick
-        yield* Effect.repeat(Effect.yieldNow, { times: 20 })
-        expect(yield* reads).toBe(2)
-        expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
-        expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
-        expect(yield* reads).toBe(2)
-        expect(yield* kernel.activeRuns).toBe(1)
+          // attempt 2 supersedes attempt 1; then attempt 1 arrives late: stale
+          yield* kernel.expireLeases
+          yield* kernel.tick
+          yield* Effect.repeat(Effect.yieldNow, { times: 20 })
+          expect(yield* reads).toBe(2)
+          expect(yield* kernel.webhook(id, { attempt: 1 })).toBe(200)
+          expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
+          expect(yield* reads).toBe(2)
+          expect(yield* kernel.activeRuns).toBe(1)
 
-        yield* Deferred.succeed(gate.open, undefined)
-        const run = yield* kernel.settle(id)
-        expect(run.status).toBe("completed")
-        expect(run.output).toEqual(expectedOutput)
-        expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+          yield* Deferred.succeed(gate.open, undefined)
+          const run = yield* kernel.settle(id)
+          expectOutcome(run, world, {
+            ...completed,
+            statuses: allSucceeded,
+            started: { fetch: 2, charge: 1 },
+            finished: { fetch: 1, charge: 1 }
+          })
 
-        // after the end, a replayed webhook starts a run that sees a terminal execution and stops
-        expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
-        yield* kernel.settle(id)
-        expect(yield* reads).toBe(3)
-        const calls = yield* kernel.calls(id)
-        expect(calls.filter((c) => c.call === "submitStep")).toHaveLength(3)
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(run.deliveries).toBe(2)
-      }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent] })))
+          // after the end, a replayed webhook starts a run that sees a terminal execution and stops
+          expect(yield* kernel.webhook(id, { attempt: 2 })).toBe(200)
+          yield* kernel.settle(id)
+          expect(yield* reads).toBe(3)
+          const calls = yield* kernel.calls(id)
+          expect(calls.filter((c) => c.call === "submitStep")).toHaveLength(3)
+          expectOutcome(run, world, { started: { fetch: 2, charge: 1 }, deliveries: 2 })
+        }))
     }))
 })
 
 describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport)", (transport) => {
-  it.effect("during a submit, after the kernel recorded it: the run abandons; the redelivery proceeds it", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "submitStep", index: 0, when: "after" }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      // exactly one submit reached the kernel, and it was not retried
-      const submits = callsOf(run, 1, "submitStep")
-      expect(submits.map((c) => [c.reached, c.answer, c.delivered, c.injected])).toEqual([
-        [true, "proceed", false, "fault"]
-      ])
-      // the abandoned run made no call after the fault: no heartbeat kept its lease alive
-      expect(callsOf(run, 1).filter((c) => c.seq > submits[0]!.seq)).toEqual([])
-      // the lease lapsed after 120 s; the redelivery proceeded the orphaned step: the body ran once
-      const redelivered = callsOf(run, 2, "submitStep")[0]!
-      expect(redelivered).toMatchObject({ answer: "proceed", stepId: submits[0]!.stepId })
-      expect(redelivered.atMs - submits[0]!.atMs).toBeGreaterThan(120_000)
-      expect(redelivered.atMs - submits[0]!.atMs).toBeLessThanOrEqual(122_000)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(run.steps).toHaveLength(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+  const nominal: KitSetup = { transport, under: nominalDelays }
 
-  it.effect("during a submit, before the kernel saw it: abandoned, nothing recorded, redelivered", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "submitStep", index: 1, when: "before" }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(callsOf(run, 1, "submitStep").map((c) => [c.target, c.reached])).toEqual([["fetch", true], [
-        "charge",
-        false
-      ]])
-      expect(callsOf(run, 2, "submitStep").map((c) => [c.target, c.answer])).toEqual([["fetch", "replay"], [
-        "charge",
-        "proceed"
-      ]])
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(run.deliveries).toBe(2)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+  it.effect("during a submit, after the kernel recorded it: the run abandons; the redelivery proceeds it", () =>
+    faultRun({
+      transport,
+      inject: { faults: [{ call: "submitStep", index: 0, when: "after" }] },
+      ...completed,
+      started: { fetch: 1, charge: 1 },
+      statuses: allSucceeded,
+      check: (run) => {
+        // exactly one submit reached the kernel, and it was not retried
+        const submits = callsOf(run, 1, "submitStep")
+        expect(submits.map((c) => [c.reached, c.answer, c.delivered, c.injected])).toEqual([
+          [true, "proceed", false, "fault"]
+        ])
+        // the abandoned run made no call after the fault: no heartbeat kept its lease alive
+        expect(callsOf(run, 1).filter((c) => c.seq > submits[0]!.seq)).toEqual([])
+        // the lease lapsed after 120 s; the redelivery proceeded the orphaned step: the body ran once
+        const redelivered = callsOf(run, 2, "submitStep")[0]!
+        expect(redelivered).toMatchObject({ answer: "proceed", stepId: submits[0]!.stepId })
+        expect(redelivered.atMs - submits[0]!.atMs).toBeGreaterThan(120_000)
+        expect(redelivered.atMs - submits[0]!.atMs).toBeLessThanOrEqual(122_000)
+        expect(run.steps).toHaveLength(2)
+      }
+    }))
 
-  it.effect("during a step complete: retried with backoff (100, 200, 400 ms) and recorded once", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 0, when: "before", times: 3 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(run.deliveries).toBe(1)
-      const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
-      expect(completes.map((c) => [c.reached, c.answer])).toEqual([
-        [false, undefined],
-        [false, undefined],
-        [false, undefined],
-        [true, "recorded"]
-      ])
-      expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 100, 300, 700])
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(count(run, "step.succeeded")).toBe(2)
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+  it.effect("during a submit, before the kernel saw it: abandoned, nothing recorded, redelivered", () =>
+    faultRun({
+      transport,
+      inject: { faults: [{ call: "submitStep", index: 1, when: "before" }] },
+      ...completed,
+      started: { fetch: 1, charge: 1 },
+      statuses: allSucceeded,
+      deliveries: 2,
+      check: (run) => {
+        expect(callsOf(run, 1, "submitStep").map((c) => [c.target, c.reached])).toEqual([
+          ["fetch", true],
+          ["charge", false]
+        ])
+        expect(callsOf(run, 2, "submitStep").map((c) => [c.target, c.answer])).toEqual([
+          ["fetch", "replay"],
+          ["charge", "proceed"]
+        ])
+      }
+    }))
 
-  it.effect("during a step complete whose answer is lost: the retry is answered replay, nothing recorded twice", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 0, when: "after", times: 2 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch").map((c) => [c.answer, c.delivered]))
-        .toEqual([["recorded", false], ["replay", false], ["replay", true]])
-      expect(count(run, "step.succeeded")).toBe(2)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+  it.effect("during a step complete: retried with backoff (100, 200, 400 ms) and recorded once", () =>
+    faultRun({
+      ...nominal,
+      inject: { faults: [{ call: "completeStep", index: 0, when: "before", times: 3 }] },
+      ...completed,
+      statuses: allSucceeded,
+      deliveries: 1,
+      started: { fetch: 1, charge: 1 },
+      events: { "step.succeeded": 2 },
+      check: (run) => {
+        const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
+        expect(completes.map((c) => [c.reached, c.answer])).toEqual([
+          [false, undefined],
+          [false, undefined],
+          [false, undefined],
+          [true, "recorded"]
+        ])
+        expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 100, 300, 700])
+      }
+    }))
 
-  it.effect("during a step complete, failing for one lease timeout while heartbeats get through: abandoned; the safe body runs again, the charge once", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      // the beats renew the lease, but no call retries longer than one lease timeout (120 s) after its first failure
-      const completes = callsOf(run, 1, "completeStep")
-      expect(completes.every((c) => !c.reached)).toBe(true)
-      expect(completes.map((c) => c.atMs - completes[0]!.atMs).slice(0, 8)).toEqual([
-        0,
-        100,
-        300,
-        700,
-        1_500,
-        3_100,
-        6_300,
-        11_300
-      ])
-      expect(completes.at(-1)!.atMs - completes[0]!.atMs).toBe(120_000)
-      expect(callsOf(run, 1, "heartbeat").map((c) => c.answer)).toEqual(["ok", "ok", "ok", "ok"])
-      // then the run abandons: nothing more of it, and the lease lapses
-      expect(callsOf(run, 1).filter((c) => c.seq > completes.at(-1)!.seq && c.call !== "heartbeat")).toEqual([])
-      expect(callsOf(run, 1, "submitStep")).toHaveLength(1)
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(count(run, "step.succeeded")).toBe(2)
-      expect(run.deliveries).toBe(2)
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+  it.effect("during a step complete whose answer is lost: the retry is answered replay, nothing recorded twice", () =>
+    faultRun({
+      transport,
+      inject: { faults: [{ call: "completeStep", index: 0, when: "after", times: 2 }] },
+      ...completed,
+      events: { "step.succeeded": 2 },
+      started: { fetch: 1, charge: 1 },
+      check: (run) =>
+        expect(callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch").map((c) => [c.answer, c.delivered]))
+          .toEqual([["recorded", false], ["replay", false], ["replay", true]])
+    }))
 
-  it.effect("during a step fail: retried, the failure recorded once", () => {
-    const world = makeWorld({ fetchFails: true })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "failStep", index: 0, when: "before", times: 2 }]
-      })
-      expect(run.status).toBe("failed")
-      expect(run.failureReason).toBe("tool_error: fetch: upstream down")
-      expect(callsOf(run, 1, "failStep").map((c) => c.answer)).toEqual([undefined, undefined, "recorded"])
-      expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
-        ["fetch", "failed", { message: "upstream down" }]
-      ])
-      expect(world.started).toEqual({ fetch: 1, charge: 0 })
-      expect(run.deliveries).toBe(1)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+  it.effect("during a step complete, failing for one lease timeout while heartbeats get through: abandoned; the safe body runs again, the charge once", () =>
+    faultRun({
+      ...nominal,
+      inject: { faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }] },
+      ...completed,
+      started: { fetch: 2, charge: 1 },
+      statuses: allSucceeded,
+      events: { "step.succeeded": 2 },
+      deliveries: 2,
+      check: (run) => {
+        // the beats renew the lease, but no call retries longer than one lease timeout (120 s) after its first failure
+        const completes = callsOf(run, 1, "completeStep")
+        expect(completes.every((c) => !c.reached)).toBe(true)
+        expect(completes.map((c) => c.atMs - completes[0]!.atMs).slice(0, 8)).toEqual([
+          0,
+          100,
+          300,
+          700,
+          1_500,
+          3_100,
+          6_300,
+          11_300
+        ])
+        expect(completes.at(-1)!.atMs - completes[0]!.atMs).toBe(120_000)
+        expect(callsOf(run, 1, "heartbeat").map((c) => c.answer)).toEqual(["ok", "ok", "ok", "ok"])
+        // then the run abandons: nothing more of it, and the lease lapses
+        expect(callsOf(run, 1).filter((c) => c.seq > completes.at(-1)!.seq && c.call !== "heartbeat")).toEqual([])
+        expect(callsOf(run, 1, "submitStep")).toHaveLength(1)
+      }
+    }))
 
-  it.effect("during heartbeats: a failed beat is retried with backoff and renews the lease", () => {
-    // The body ends just after a beat, not on it: Effect 4's TestClock wakes
-    // sleeps due at the same instant one by one in the order they were made, so a
-    // body ending exactly on a beat would finish the run before that beat fires.
-    const world = makeWorld({ fetchTakes: "151 seconds" })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "heartbeat", index: 0, when: "before", times: 2 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      // beats every 30 s (lease 120 s / 3, at most 30 s): the first beat and its first retry are
-      // lost, the second retry (300 ms later) renews the lease, and the beats go on from there
-      expect(run.deliveries).toBe(1)
-      const beats = callsOf(run, 1, "heartbeat")
-      expect(beats.map((c) => [c.atMs - beats[0]!.atMs, c.reached, c.answer])).toEqual([
-        [0, false, undefined],
-        [100, false, undefined],
-        [300, true, "ok"],
-        [30_300, true, "ok"],
-        [60_300, true, "ok"],
-        [90_300, true, "ok"],
-        [120_300, true, "ok"]
-      ])
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+  it.effect("during a step fail: retried, the failure recorded once", () =>
+    faultRun({
+      transport,
+      world: { fetchFails: true },
+      inject: { faults: [{ call: "failStep", index: 0, when: "before", times: 2 }] },
+      ...fetchFailed,
+      started: { fetch: 1, charge: 0 },
+      deliveries: 1,
+      check: (run) => {
+        expect(callsOf(run, 1, "failStep").map((c) => c.answer)).toEqual([undefined, undefined, "recorded"])
+        expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
+          ["fetch", "failed", { message: "upstream down" }]
+        ])
+      }
+    }))
 
-  it.effect("during every heartbeat: the lease lapses and the redelivery supersedes the run", () => {
-    const world = makeWorld({ fetchTakes: "200 seconds" })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "heartbeat", index: 0, when: "before", times: 100 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(run.deliveries).toBe(2)
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-      expect(world.finished).toEqual({ fetch: 1, charge: 1 })
+  // The body ends just after a beat, not on it: Effect 4's TestClock wakes
+  // sleeps due at the same instant one by one in the order they were made, so a
+  // body ending exactly on a beat would finish the run before that beat fires.
+  it.effect("during heartbeats: a failed beat is retried with backoff and renews the lease", () =>
+    faultRun({
+      ...nominal,
+      world: { fetchTakes: "151 seconds" },
+      inject: { faults: [{ call: "heartbeat", index: 0, when: "before", times: 2 }] },
+      ...completed,
+      statuses: allSucceeded,
+      deliveries: 1,
+      started: { fetch: 1, charge: 1 },
+      check: (run) => {
+        // beats every 30 s (lease 120 s / 3, at most 30 s): the first beat and its first retry are
+        // lost, the second retry (300 ms later) renews the lease, and the beats go on from there
+        const beats = callsOf(run, 1, "heartbeat")
+        expect(beats.map((c) => [c.atMs - beats[0]!.atMs, c.reached, c.answer])).toEqual([
+          [0, false, undefined],
+          [100, false, undefined],
+          [300, true, "ok"],
+          [30_300, true, "ok"],
+          [60_300, true, "ok"],
+          [90_300, true, "ok"],
+          [120_300, true, "ok"]
+        ])
+      }
+    }))
+
+  it.effect("during every heartbeat: the lease lapses and the redelivery supersedes the run", () =>
+    faultRun({
+      transport,
+      world: { fetchTakes: "200 seconds" },
+      inject: { faults: [{ call: "heartbeat", index: 0, when: "before", times: 100 }] },
+      ...completed,
+      deliveries: 2,
+      started: { fetch: 2, charge: 1 },
+      finished: { fetch: 1, charge: 1 },
       // the first run never wrote its step outcome
-      expect(callsOf(run, 1, "completeStep")).toEqual([])
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+      check: (run) => expect(callsOf(run, 1, "completeStep")).toEqual([])
+    }))
 
-  it.effect("during the outcome post, answer lost: the retry gets execution_terminal, taken as success", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeExecution", index: 0, when: "after" }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(callsOf(run, 1, "completeExecution").map((c) => c.answer)).toEqual(["ok", "execution_terminal"])
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(count(run, "execution.completed")).toBe(1)
-      expect(run.deliveries).toBe(1)
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+  it.effect("during the outcome post, answer lost: the retry gets execution_terminal, taken as success", () =>
+    faultRun({
+      transport,
+      inject: { faults: [{ call: "completeExecution", index: 0, when: "after" }] },
+      ...completed,
+      statuses: allSucceeded,
+      started: { fetch: 1, charge: 1 },
+      events: { "execution.completed": 1 },
+      deliveries: 1,
+      check: (run) =>
+        expect(callsOf(run, 1, "completeExecution").map((c) => c.answer)).toEqual(["ok", "execution_terminal"])
+    }))
 
-  it.effect("reading the execution: retried; when retries run out the run is abandoned and redelivered", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const retried = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "getExecution", when: "before", times: 3 }]
-      })
-      expect(retried.status).toBe("completed")
-      expect(retried.output).toEqual(expectedOutput)
-      expect(retried.deliveries).toBe(1)
-      expect(retried.calls.filter((c) => c.call === "getExecution").map((c) => c.reached)).toEqual([
-        false,
-        false,
-        false,
-        true
-      ])
+  it.effect("reading the execution: retried; when retries run out the run is abandoned and redelivered", () =>
+    inShop({ transport }, (kernel, world) =>
+      Effect.gen(function*() {
+        const retried = yield* kernel.run(world.agent, { key: "k" }, {
+          faults: [{ call: "getExecution", when: "before", times: 3 }]
+        })
+        expectOutcome(retried, world, { ...completed, deliveries: 1 })
+        expect(retried.calls.filter((c) => c.call === "getExecution").map((c) => c.reached)).toEqual([
+          false,
+          false,
+          false,
+          true
+        ])
 
-      const abandoned = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "getExecution", when: "before", times: 4 }]
-      })
-      expect(abandoned.status).toBe("completed")
-      expect(abandoned.output).toEqual(expectedOutput)
-      expect(statuses(abandoned)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      expect(abandoned.deliveries).toBe(2)
-      expect(callsOf(abandoned, 1)).toEqual([])
-      expect(world.started).toEqual({ fetch: 2, charge: 2 })
-    }).pipe(Effect.provide(TestKernel.layer({ agents: [world.agent], transport })))
-  })
+        const abandoned = yield* kernel.run(world.agent, { key: "k" }, {
+          faults: [{ call: "getExecution", when: "before", times: 4 }]
+        })
+        expectOutcome(abandoned, world, {
+          ...completed,
+          statuses: allSucceeded,
+          deliveries: 2,
+          started: { fetch: 2, charge: 2 }
+        })
+        expect(callsOf(abandoned, 1)).toEqual([])
+      })))
 })
 
 /**
@@ -739,6 +771,9 @@ describe.each(["direct", "http"] as const)("the kernel unreachable (%s transport
  * `indeterminate` from the redelivery.
  */
 describe.each(["direct", "http"] as const)("a kernel outage shorter than the lease (%s transport)", (transport) => {
+  const nominal: KitSetup = { transport, under: nominalDelays }
+  /** Completed by the first delivery, each body started once. */
+  const recordedOnce: Outcome = { ...completed, deliveries: 1, started: { fetch: 1, charge: 1 } }
   const failedSpan = (calls: ReadonlyArray<TestKernel.KernelCall>) => {
     const failed = calls.filter((c) => !c.reached)
     return failed.at(-1)!.atMs - failed[0]!.atMs
@@ -746,119 +781,106 @@ describe.each(["direct", "http"] as const)("a kernel outage shorter than the lea
   const noIndeterminate = (run: TestKernel.RunResult) =>
     expect(run.steps.filter((s) => s.error !== undefined && s.error !== null)).toEqual([])
 
-  it.effect("during a body and at its step complete (30 s → 51 s): recorded, nothing runs twice, one delivery", () => {
-    const world = makeWorld({ fetchTakes: "40 seconds" })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
+  it.effect("during a body and at its step complete (30 s → 51 s): recorded, nothing runs twice, one delivery", () =>
+    faultRun({
+      ...nominal,
+      world: { fetchTakes: "40 seconds" },
+      inject: {
         faults: [
           // the beat at 30 s and its retries until 46.3 s; the one at 51.3 s gets through
           { call: "heartbeat", index: 0, when: "before", times: 9 },
           // the body ends at 40 s: its complete and retries until 46.3 s; the one at 51.3 s gets through
           { call: "completeStep", index: 0, when: "before", times: 7 }
         ]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(run.deliveries).toBe(1)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      noIndeterminate(run)
-      const beats = callsOf(run, 1, "heartbeat")
-      expect(beats.slice(0, 10).map((c) => [c.atMs, c.reached])).toEqual([
-        [30_000, false],
-        [30_100, false],
-        [30_300, false],
-        [30_700, false],
-        [31_500, false],
-        [33_100, false],
-        [36_300, false],
-        [41_300, false],
-        [46_300, false],
-        [51_300, true]
-      ])
-      const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
-      expect(completes.map((c) => [c.atMs, c.answer])).toEqual([
-        [40_000, undefined],
-        [40_100, undefined],
-        [40_300, undefined],
-        [40_700, undefined],
-        [41_500, undefined],
-        [43_100, undefined],
-        [46_300, undefined],
-        [51_300, "recorded"]
-      ])
-      expect(count(run, "step.succeeded")).toBe(2)
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+      },
+      ...recordedOnce,
+      statuses: allSucceeded,
+      events: { "step.succeeded": 2 },
+      check: (run) => {
+        noIndeterminate(run)
+        const beats = callsOf(run, 1, "heartbeat")
+        expect(beats.slice(0, 10).map((c) => [c.atMs, c.reached])).toEqual([
+          [30_000, false],
+          [30_100, false],
+          [30_300, false],
+          [30_700, false],
+          [31_500, false],
+          [33_100, false],
+          [36_300, false],
+          [41_300, false],
+          [46_300, false],
+          [51_300, true]
+        ])
+        const completes = callsOf(run, 1, "completeStep").filter((c) => c.target === "fetch")
+        expect(completes.map((c) => [c.atMs, c.answer])).toEqual([
+          [40_000, undefined],
+          [40_100, undefined],
+          [40_300, undefined],
+          [40_700, undefined],
+          [41_500, undefined],
+          [43_100, undefined],
+          [46_300, undefined],
+          [51_300, "recorded"]
+        ])
+      }
+    }))
 
-  it.effect("at an at_most_once step's complete (21 s): recorded as it ran, not indeterminate", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 1, when: "before", times: 9 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(run.deliveries).toBe(1)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-      noIndeterminate(run)
-      const charges = callsOf(run, 1, "completeStep").filter((c) => c.target === "charge")
-      expect(failedSpan(charges)).toBe(16_300)
-      expect(charges.at(-1)).toMatchObject({ answer: "recorded", delivered: true })
-      expect(charges.at(-1)!.atMs - charges[0]!.atMs).toBe(21_300)
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+  it.effect("at an at_most_once step's complete (21 s): recorded as it ran, not indeterminate", () =>
+    faultRun({
+      ...nominal,
+      inject: { faults: [{ call: "completeStep", index: 1, when: "before", times: 9 }] },
+      ...recordedOnce,
+      statuses: allSucceeded,
+      check: (run) => {
+        noIndeterminate(run)
+        const charges = callsOf(run, 1, "completeStep").filter((c) => c.target === "charge")
+        expect(failedSpan(charges)).toBe(16_300)
+        expect(charges.at(-1)).toMatchObject({ answer: "recorded", delivered: true })
+        expect(charges.at(-1)!.atMs - charges[0]!.atMs).toBe(21_300)
+      }
+    }))
 
-  it.effect("at a step fail and at the execution fail (16 s each): each recorded once, the body ran once", () => {
-    const world = makeWorld({ fetchFails: true })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
+  it.effect("at a step fail and at the execution fail (16 s each): each recorded once, the body ran once", () =>
+    faultRun({
+      ...nominal,
+      world: { fetchFails: true },
+      inject: {
         faults: [
           { call: "failStep", index: 0, when: "before", times: 8 },
           { call: "failExecution", index: 0, when: "before", times: 8 }
         ]
-      })
-      expect(run.status).toBe("failed")
-      expect(run.failureReason).toBe("tool_error: fetch: upstream down")
-      expect(run.deliveries).toBe(1)
-      expect(world.started).toEqual({ fetch: 1, charge: 0 })
-      expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
-        ["fetch", "failed", { message: "upstream down" }]
-      ])
-      const fails = callsOf(run, 1, "failStep")
-      expect(fails.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "recorded"])
-      expect(fails.at(-1)!.atMs - fails[0]!.atMs).toBe(16_300)
-      const posts = callsOf(run, 1, "failExecution")
-      expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
-      expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
-      expect(count(run, "step.failed")).toBe(1)
-      expect(count(run, "execution.failed")).toBe(1)
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+      },
+      ...fetchFailed,
+      deliveries: 1,
+      started: { fetch: 1, charge: 0 },
+      events: { "step.failed": 1, "execution.failed": 1 },
+      check: (run) => {
+        expect(run.steps.map((s) => [s.target, s.status, s.error])).toEqual([
+          ["fetch", "failed", { message: "upstream down" }]
+        ])
+        const fails = callsOf(run, 1, "failStep")
+        expect(fails.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "recorded"])
+        expect(fails.at(-1)!.atMs - fails[0]!.atMs).toBe(16_300)
+        const posts = callsOf(run, 1, "failExecution")
+        expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
+        expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
+      }
+    }))
 
-  it.effect("at the execution complete (16 s): completed by the first run, nothing replayed", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeExecution", index: 0, when: "before", times: 8 }]
-      })
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
-      expect(run.deliveries).toBe(1)
-      expect(world.started).toEqual({ fetch: 1, charge: 1 })
-      noIndeterminate(run)
-      const posts = callsOf(run, 1, "completeExecution")
-      expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
-      expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
-      expect(count(run, "execution.completed")).toBe(1)
-      expect(callsOf(run, 2)).toEqual([])
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+  it.effect("at the execution complete (16 s): completed by the first run, nothing replayed", () =>
+    faultRun({
+      ...nominal,
+      inject: { faults: [{ call: "completeExecution", index: 0, when: "before", times: 8 }] },
+      ...recordedOnce,
+      events: { "execution.completed": 1 },
+      check: (run) => {
+        noIndeterminate(run)
+        const posts = callsOf(run, 1, "completeExecution")
+        expect(posts.map((c) => c.answer)).toEqual([...Array(8).fill(undefined), "ok"])
+        expect(posts.at(-1)!.atMs - posts[0]!.atMs).toBe(16_300)
+        expect(callsOf(run, 2)).toEqual([])
+      }
+    }))
 
   it.effect("during heartbeats until close to the lease's end: the retried beat renews it, no redelivery", () => {
     // Lease 12 s, a beat every 4 s. A 1 s warm-up step, then a 20 s one whose submit (at 1 s)
@@ -903,95 +925,91 @@ describe.each(["direct", "http"] as const)("a kernel outage shorter than the lea
         [14_300, "ok"],
         [18_300, "ok"]
       ])
-    }).pipe(Effect.provide(kit({ agents: [agent], transport, settings: { leaseTimeoutMs: 12_000 } })))
+    }).pipe(Effect.provide(kitFor([agent], { ...nominal, settings: { leaseTimeoutMs: 12_000 } })))
   })
 })
 
 describe.each(["direct", "http"] as const)("a kernel outage and the lease bound (%s transport)", (transport) => {
-  it.effect("an outage longer than the lease: the run gives up when the lease cannot be valid; the kernel redelivers", () => {
-    const world = makeWorld({ fetchTakes: "40 seconds" })
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
+  const nominal: KitSetup = { transport, under: nominalDelays }
+
+  it.effect("an outage longer than the lease: the run gives up when the lease cannot be valid; the kernel redelivers", () =>
+    faultRun({
+      ...nominal,
+      world: { fetchTakes: "40 seconds" },
+      inject: {
         faults: [
           { call: "heartbeat", index: 0, when: "before", times: 1_000 },
           { call: "completeStep", index: 0, when: "before", times: 1_000 }
         ]
-      })
-      // the submit at 0 s was the last renewal: the lease could be valid until 120 s
-      const first = callsOf(run, 1)
-      expect(first.filter((c) => c.reached).map((c) => [c.call, c.atMs])).toEqual([["submitStep", 0]])
-      const completes = callsOf(run, 1, "completeStep")
-      expect(completes[0]!.atMs).toBe(40_000)
-      expect(completes.at(-1)!.atMs).toBe(120_000)
-      expect(Math.max(...first.map((c) => c.atMs))).toBe(120_000)
+      },
       // the run abandoned: no call of it after the lease's end; the kernel redelivered
-      expect(run.deliveries).toBe(2)
-      expect(run.status).toBe("completed")
-      expect(run.output).toEqual(expectedOutput)
+      deliveries: 2,
+      ...completed,
       // the unrecorded safe body ran again (the outage outlasted the lease); the charge once
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-      expect(statuses(run)).toEqual({ fetch: "succeeded", charge: "succeeded" })
-    }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
-  })
+      started: { fetch: 2, charge: 1 },
+      statuses: allSucceeded,
+      check: (run) => {
+        // the submit at 0 s was the last renewal: the lease could be valid until 120 s
+        const first = callsOf(run, 1)
+        expect(first.filter((c) => c.reached).map((c) => [c.call, c.atMs])).toEqual([["submitStep", 0]])
+        const completes = callsOf(run, 1, "completeStep")
+        expect(completes[0]!.atMs).toBe(40_000)
+        expect(completes.at(-1)!.atMs).toBe(120_000)
+        expect(Math.max(...first.map((c) => c.atMs))).toBe(120_000)
+      }
+    }))
 
   it.effect("a lease_superseded answer stops the retries at once", () =>
     Effect.gen(function*() {
-      const second = { open: yield* Deferred.make<void>(), started: yield* Deferred.make<void>() }
-      const world = makeWorld({ holdSecond: second })
-      return yield* Effect.gen(function*() {
-        const kernel = yield* TestKernel.TestKernel
-        const id = yield* kernel.create(world.agent.id, { key: "k" })
-        const settling = yield* Effect.forkChild(kernel.settle(id, {
-          // six tries of the fetch complete fail; before the sixth, the run stalls and its lease
-          // lapses at once: the kernel redelivers, and the new run holds the lease (its fetch
-          // body waits on `second`) when the old one's seventh try arrives
-          faults: [{ call: "completeStep", index: 0, when: "before", times: 6 }],
-          lapse: { call: "completeStep", index: 5, when: "before" },
-          recovery: "immediate"
+      const second = yield* makeHold
+      yield* inShop({ ...nominal, world: { holdSecond: second } }, (kernel, world) =>
+        Effect.gen(function*() {
+          const id = yield* kernel.create(world.agent.id, { key: "k" })
+          const settling = yield* Effect.forkChild(kernel.settle(id, {
+            // six tries of the fetch complete fail; before the sixth, the run stalls and its lease
+            // lapses at once: the kernel redelivers, and the new run holds the lease (its fetch
+            // body waits on `second`) when the old one's seventh try arrives
+            faults: [{ call: "completeStep", index: 0, when: "before", times: 6 }],
+            lapse: { call: "completeStep", index: 5, when: "before" },
+            recovery: "immediate"
+          }))
+          yield* Deferred.await(second.started)
+          const oldCompletes = Effect.map(
+            kernel.calls(id),
+            (calls) => calls.filter((c) => c.attempt === 1 && c.call === "completeStep")
+          )
+          while ((yield* oldCompletes).length < 7) yield* Effect.yieldNow
+          yield* Deferred.succeed(second.open, undefined)
+          const run = yield* Fiber.join(settling)
+          expectOutcome(run, world, {
+            lapsed: true,
+            ...completed,
+            events: { "step.succeeded": 2 },
+            started: { fetch: 2, charge: 1 },
+            deliveries: 2
+          })
+          const completes = callsOf(run, 1, "completeStep")
+          expect(completes.map((c) => c.answer)).toEqual([...Array(6).fill(undefined), "lease_superseded"])
+          // nothing of the old run after that answer, though its retry budget was far from spent
+          expect(callsOf(run, 1).filter((c) => c.seq >= completes.at(-1)!.answerSeq!)).toEqual([])
+          expect(completes.at(-1)!.atMs).toBeLessThan(10_000)
         }))
-        yield* Deferred.await(second.started)
-        const oldCompletes = Effect.map(
-          kernel.calls(id),
-          (calls) => calls.filter((c) => c.attempt === 1 && c.call === "completeStep")
-        )
-        while ((yield* oldCompletes).length < 7) yield* Effect.yieldNow
-        yield* Deferred.succeed(second.open, undefined)
-        const run = yield* Fiber.join(settling)
-        expect(run.lapsed).toBe(true)
-        const completes = callsOf(run, 1, "completeStep")
-        expect(completes.map((c) => c.answer)).toEqual([...Array(6).fill(undefined), "lease_superseded"])
-        // nothing of the old run after that answer, though its retry budget was far from spent
-        expect(callsOf(run, 1).filter((c) => c.seq >= completes.at(-1)!.answerSeq!)).toEqual([])
-        expect(completes.at(-1)!.atMs).toBeLessThan(10_000)
-        expect(run.status).toBe("completed")
-        expect(run.output).toEqual(expectedOutput)
-        expect(count(run, "step.succeeded")).toBe(2)
-        expect(world.started).toEqual({ fetch: 2, charge: 1 })
-        expect(run.deliveries).toBe(2)
-      }).pipe(Effect.provide(kit({ agents: [world.agent], transport })))
     }))
 
-  it.effect("the budget is configurable: KernelClient.OutcomeRetry (every 1 s, at most 3 s)", () => {
-    const world = makeWorld()
-    return Effect.gen(function*() {
-      const kernel = yield* TestKernel.TestKernel
-      const run = yield* kernel.run(world.agent, { key: "k" }, {
-        faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }]
-      })
-      const completes = callsOf(run, 1, "completeStep")
-      expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 1_000, 2_000, 3_000])
-      expect(run.deliveries).toBe(2)
-      expect(run.status).toBe("completed")
-      expect(world.started).toEqual({ fetch: 2, charge: 1 })
-    }).pipe(
-      Effect.provide(
-        kit({ agents: [world.agent], transport }).pipe(
-          Layer.provide(
-            Layer.succeed(KernelClient.OutcomeRetry, { baseDelay: "1 second", maxDelay: "1 second", maxElapsed: "3 seconds" })
-          )
-        )
-      )
-    )
-  })
+  it.effect("the budget is configurable: KernelClient.OutcomeRetry (every 1 s, at most 3 s)", () =>
+    faultRun({
+      transport,
+      under: Layer.merge(
+        nominalDelays,
+        Layer.succeed(KernelClient.OutcomeRetry, { baseDelay: "1 second", maxDelay: "1 second", maxElapsed: "3 seconds" })
+      ),
+      inject: { faults: [{ call: "completeStep", index: 0, when: "before", times: 1_000 }] },
+      deliveries: 2,
+      status: "completed",
+      started: { fetch: 2, charge: 1 },
+      check: (run) => {
+        const completes = callsOf(run, 1, "completeStep")
+        expect(completes.map((c) => c.atMs - completes[0]!.atMs)).toEqual([0, 1_000, 2_000, 3_000])
+      }
+    }))
 })
