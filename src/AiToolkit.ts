@@ -32,6 +32,7 @@ import { Tool as AiTool, Toolkit } from "effect/ai"
 import type { Response } from "effect/ai"
 import { Execution } from "./Execution.js"
 import * as Mcp from "./Mcp.js"
+import { CheckpointUnavailable } from "./Resource.js"
 import {
   Abandoned,
   Blocked,
@@ -63,7 +64,8 @@ export const StepErrorSchema = Schema.Union([
   ToolError,
   InvalidArguments,
   StepDecodeError,
-  KernelError
+  KernelError,
+  CheckpointUnavailable
 ])
 
 /**

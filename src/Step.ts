@@ -57,7 +57,11 @@ export type StepError = internal.StepError
  *   `{"message":…,"failure":<encoded>}` and re-raised as themselves, now and on
  *   replay. Every other failure is recorded as `{"message":…}` and raised as a
  *   `ToolError`; a tagged error keeps its tag there
- *   (`{"message":"<Tag>: <message or fields>","_tag":"<Tag>"}`).
+ *   (`{"message":"<Tag>: <message or fields>","_tag":"<Tag>"}`). A
+ *   `Resource.CheckpointUnavailable` (a fork's checkpoint is gone) is
+ *   recorded that way too but raised as itself, now and on replay, so that
+ *   uncaught it fails the execution as it would from the handler
+ *   (`agent_error: CheckpointUnavailable: …`, PROTOCOL-CURRENT C.6.8 #7).
  * - `retry` (since 0.2.0): a `Schedule` fed with the body's failures (the
  *   `ToolError`, or the typed failure); see {@link RunOptions.retry}.
  * - `resources` (since 0.2.0): the declared resources (or their keys) the
@@ -78,7 +82,8 @@ export interface Options<A, E, R, I = A, RS = never, F = never, FI = never, RF =
  * `complete` / `fail` (PROTOCOL.md 14.4).
  *
  * Signals and policy / rate-limit errors raised inside the body propagate as
- * they are and record nothing; an unknown decision fails with a `KernelError`
+ * they are and record nothing; a `Resource.CheckpointUnavailable` fails the
+ * step and propagates as it is; an unknown decision fails with a `KernelError`
  * (a `DecodeError` reason: `unexpected step decision: <value>`).
  *
  * @example

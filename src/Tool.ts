@@ -197,8 +197,12 @@ const build = <
  * on replay. A failure of `execute` is recorded and raised as a `ToolError`
  * (a tagged error keeps its tag in the recorded error and the message:
  * `<name>: <Tag>: …`), unless it is an instance of `failure`, which survives
- * replay as itself. With `retry`, failed calls are retried on that schedule,
- * each attempt recorded.
+ * replay as itself. A `Resource.CheckpointUnavailable` (the body read the
+ * handle of a resource whose fork checkpoint is gone) fails the step too but
+ * is raised as itself, now and on replay: catch it around the call, or the
+ * execution fails with `agent_error: CheckpointUnavailable: …` (PROTOCOL-CURRENT
+ * C.6.8 #7). With `retry`, failed calls are retried on that schedule, each
+ * attempt recorded.
  *
  * @example
  * ```ts

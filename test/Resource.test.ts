@@ -8,7 +8,7 @@
  * checkpoint of the fork point (or failing with `CheckpointUnavailable`).
  */
 import { describe, expect, expectTypeOf, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Fiber, Layer, Schema } from "effect"
+import { Context, Deferred, Effect, Fiber, Layer, Schedule, Schema } from "effect"
 import * as Agent from "../src/Agent.js"
 import type { Execution } from "../src/Execution.js"
 import * as Protocol from "../src/Protocol.js"
@@ -483,6 +483,118 @@ describe("Resource: forks restore the resource (C.6.8 #2, #7; C.7)", () => {
       expect(forked.status).toBe("completed")
       expect(forked.output).toEqual({ lost: "snap-2" })
     }).pipe(Effect.provide(kit(world, "direct", [tolerant])))
+  })
+
+  /** A tool whose body reads the handle: appends a line to `log.txt` and answers the line count. */
+  const append = Tool.make("append", {
+    args: Schema.Struct({ line: Schema.String }),
+    success: Schema.Number,
+    resources: [workspace],
+    execute: ({ line }) =>
+      Effect.map(workspace.handle, (box) => {
+        const text = (box.files.get("log.txt") ?? "") + line + "\n"
+        box.files.set("log.txt", text)
+        return text.split("\n").length - 1
+      })
+  })
+  const appender = Agent.make({
+    id: "appender",
+    resources: [workspace],
+    handler: () =>
+      Effect.gen(function*() {
+        yield* append({ line: "one" })
+        return { lines: yield* append({ line: "two" }) }
+      })
+  })
+  // Baseline snap-1, then one capture per append: a fork at the second append restores snap-2.
+  const unavailable = "CheckpointUnavailable: checkpoint snap-2 of resource \"workspace\" is unavailable: " +
+    "the snapshot was deleted"
+
+  for (const transport of ["direct", "http"] as const) {
+    it.effect(`${transport}: met in a tool body, it fails the step, then the execution as agent_error`, () => {
+      const world = makeWorld()
+      return Effect.gen(function*() {
+        const kernel = yield* TestKernel.TestKernel
+        const source = yield* runCompleted(appender)
+        world.snapshots.clear()
+        const fork = yield* kernel.fork(source, { atStep: 1 })
+        expect(fork.restoration?.["workspace"]?.checkpointRef).toBe("snap-2")
+        expect(fork.status).toBe("failed")
+        // The same reason as when the handler reads the handle (C.6.8 #7), not `tool_error: append: …`.
+        expect(fork.failureReason).toBe(`agent_error: ${unavailable}`)
+        // The body ran (and failed): its step is failed with the error, as any tagged error is recorded.
+        expect(fork.steps.map((s) => [s.target, s.status])).toEqual([["append", "succeeded"], ["append", "failed"]])
+        expect(fork.steps[1]!.error).toEqual({ message: unavailable, _tag: "CheckpointUnavailable" })
+      }).pipe(Effect.provide(kit(world, transport, [appender])))
+    })
+  }
+
+  it.effect("under a retry schedule it is not retried: every attempt would meet the same handle", () => {
+    const world = makeWorld()
+    const retried = Tool.make("append", {
+      args: Schema.Struct({ line: Schema.String }),
+      success: Schema.Number,
+      resources: [workspace],
+      retry: Schedule.recurs(3),
+      execute: ({ line }) =>
+        Effect.map(workspace.handle, (box) => {
+          box.files.set("log.txt", (box.files.get("log.txt") ?? "") + line + "\n")
+          return box.files.size
+        })
+    })
+    const persistent = Agent.make({
+      id: "persistent",
+      resources: [workspace],
+      handler: () =>
+        Effect.gen(function*() {
+          yield* retried({ line: "one" })
+          return { lines: yield* retried({ line: "two" }) }
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const source = yield* runCompleted(persistent)
+      world.snapshots.clear()
+      const fork = yield* kernel.fork(source, { atStep: 1 })
+      expect(fork.failureReason).toBe(`agent_error: ${unavailable}`)
+      expect(fork.steps.map((s) => [s.target, s.status])).toEqual([["append", "succeeded"], ["append", "failed"]])
+      expect(fork.steps[1]!.error).toEqual({ message: unavailable, _tag: "CheckpointUnavailable", attempt: 1 })
+    }).pipe(Effect.provide(kit(world, "direct", [persistent])))
+  })
+
+  it.effect("a handler that catches it around a tool call carries on, and again when the call replays", () => {
+    const world = makeWorld()
+    const forgiving = Agent.make({
+      id: "forgiving",
+      resources: [workspace],
+      handler: () =>
+        Effect.gen(function*() {
+          yield* append({ line: "one" })
+          const lines = yield* append({ line: "two" }).pipe(
+            Effect.catchTag("CheckpointUnavailable", (e) => Effect.succeed(`lost ${e.key} at ${e.checkpointRef}`))
+          )
+          yield* Step.now
+          return { lines }
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const source = yield* runCompleted(forgiving)
+      world.snapshots.clear()
+      // The process dies after `Step.now` is recorded: the redelivery replays the failed call.
+      const fork = yield* kernel.fork(source, { atStep: 1, crash: { afterSteps: 2 } })
+      expect(fork.crashed).toBe(true)
+      expect(fork.deliveries).toBe(2)
+      expect(fork.failureReason).toBeUndefined()
+      expect(fork.status).toBe("completed")
+      expect(fork.output).toEqual({ lines: "lost workspace at snap-2" })
+      expect(fork.steps.map((s) => [s.target, s.status])).toEqual([
+        ["append", "succeeded"],
+        ["append", "failed"],
+        ["now", "succeeded"]
+      ])
+      expect(fork.steps[1]!.error).toEqual({ message: unavailable, _tag: "CheckpointUnavailable" })
+    }).pipe(Effect.provide(kit(world, "direct", [forgiving])))
   })
 
   it.effect("crash mid-step, fork at the last checkpoint: the resource is as of that checkpoint", () => {

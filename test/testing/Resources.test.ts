@@ -167,9 +167,10 @@ describe("TestKernel resources", () => {
       world.disk.forget(afterFirst)
       const fork = yield* kernel.fork(source, { atStep: 1 })
       expect(fork.status).toBe("failed")
-      // met where the handle is read: here in the first live step's body
+      // met where the handle is read, here in the first live step's body: the step fails, and so does the
+      // execution, as from the handler (C.6.8 #7)
       expect(fork.failureReason).toBe(
-        `tool_error: append: CheckpointUnavailable: checkpoint ${afterFirst} of resource "workspace" is unavailable: ` +
+        `agent_error: CheckpointUnavailable: checkpoint ${afterFirst} of resource "workspace" is unavailable: ` +
           "the memory store does not hold it"
       )
       expect(fork.steps.map((s) => [s.target, s.status])).toEqual([["append", "succeeded"], ["append", "failed"]])

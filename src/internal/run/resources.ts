@@ -35,7 +35,9 @@ import type { RunState } from "./runtime.js"
  * A driver cannot restore a resource from the checkpoint a fork starts from:
  * the checkpoint is gone (PROTOCOL-CURRENT C.6.8 #7). `yield* resource.handle`
  * fails with it; unless the handler catches it, the execution fails with
- * `agent_error: CheckpointUnavailable: <message>`.
+ * `agent_error: CheckpointUnavailable: <message>` — also when it is met in a
+ * step body (a tool's `execute`): the step is failed with it (as any body
+ * failure is) and the error itself, not a `ToolError`, leaves the step.
  *
  * @since 0.2.0
  * @category errors
@@ -51,6 +53,28 @@ export class CheckpointUnavailable extends Schema.TaggedError<CheckpointUnavaila
     const base = `checkpoint ${this.checkpointRef} of resource "${this.key}" is unavailable`
     return this.description === "" ? base : `${base}: ${this.description}`
   }
+}
+
+/** The message of a recorded `CheckpointUnavailable` (see {@link fromStepError}). */
+const RECORDED = /^CheckpointUnavailable: checkpoint ([\s\S]*?) of resource "([\s\S]*?)" is unavailable(?:: ([\s\S]*))?$/
+
+/**
+ * The `CheckpointUnavailable` a failed step recorded
+ * (`{"message":"CheckpointUnavailable: <message>","_tag":"CheckpointUnavailable"}`,
+ * see `stepErrorRecord`), raised again on replay so that a handler that
+ * caught it the first time catches it again; `undefined` for any other error.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const fromStepError = (recorded: unknown): CheckpointUnavailable | undefined => {
+  if (typeof recorded !== "object" || recorded === null) return undefined
+  const { _tag, message } = recorded as { readonly _tag?: unknown; readonly message?: unknown }
+  if (_tag !== "CheckpointUnavailable" || typeof message !== "string") return undefined
+  const parts = RECORDED.exec(message)
+  if (parts === null) return undefined
+  const error = new CheckpointUnavailable({ checkpointRef: parts[1]!, key: parts[2]!, description: parts[3] ?? "" })
+  return `CheckpointUnavailable: ${error.message}` === message ? error : undefined
 }
 
 /**

@@ -65,7 +65,9 @@ export interface StepContext {
 }
 
 /**
- * Every error a step itself can raise (besides a typed failure).
+ * Every error a step itself can raise (besides a typed failure). A body that
+ * meets a resource whose fork checkpoint is gone fails the step and raises
+ * that `CheckpointUnavailable` (PROTOCOL-CURRENT C.6.8 #7).
  *
  * @since 0.1.0
  * @category internal
@@ -82,6 +84,7 @@ export type StepError =
   | InvalidArguments
   | StepDecodeError
   | KernelError
+  | Resources.CheckpointUnavailable
 
 /**
  * A submission's answer once the refusals have become errors.
@@ -913,6 +916,9 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
     return isRunSignal(refusal) ? signal(execution, refusal) : Effect.fail(refusal)
   }
   const attempts = attemptsOf(options)
+  if (Option.isSome(failure) && error instanceof Resources.CheckpointUnavailable) {
+    return checkpointUnavailable(execution, stepId, error, attempts, capturing)
+  }
   const schema = options.failure
   if (Option.isSome(failure) && schema !== undefined && Schema.is(schema)(error)) {
     const typed: F = error
@@ -930,6 +936,30 @@ const bodyFailed = <A, E, R, I, RS, F, FI, RF>(
   }
   // An undeclared failure keeps its tag (`{"message":"<Tag>: …","_tag":"<Tag>"}`).
   return failedAttempt(execution, options.target, stepId, stepErrorRecord(error), attempts, undefined, capturing)
+}
+
+/**
+ * A body that met a resource whose fork checkpoint is gone (PROTOCOL-CURRENT
+ * C.6.8 #7): the step ran, so it is failed — with the record any tagged error
+ * gets (`{"message":"CheckpointUnavailable: …","_tag":"CheckpointUnavailable"}`,
+ * numbered under a `retry` schedule, which is not asked: every attempt would
+ * meet the same handle) — and the error itself leaves the step, as it would
+ * have left the handler: unless the handler catches it, the execution fails
+ * with `agent_error: CheckpointUnavailable: <message>`. A replay raises it
+ * again (see `Resources.fromStepError`).
+ */
+const checkpointUnavailable = (
+  execution: Execution.Service,
+  stepId: string,
+  error: Resources.CheckpointUnavailable,
+  attempts: Attempts | undefined,
+  capturing: Effect.Effect<CheckpointRecords> | undefined
+): Effect.Effect<never, StepError> => {
+  const record = stepErrorRecord(error)
+  return Effect.andThen(
+    fail(execution, stepId, attempts === undefined ? record : { ...record, attempt: attempts.attempt }, capturing),
+    Effect.fail(error)
+  )
 }
 
 /** The ToolError raised for a recorded error object (now, or on replay: the same text). */
@@ -986,6 +1016,8 @@ const replay = <A, E, R, I, RS, F, FI, RF>(
         Effect.flatMap((typed) => replayedFailure(options, recorded, typed))
       )
     }
+    const unavailable = Resources.fromStepError(recorded)
+    if (unavailable !== undefined) return replayedFailure(options, recorded, unavailable)
     return replayedFailure(
       options,
       recorded,
