@@ -1,7 +1,7 @@
 /**
  * Effect-side helpers shared by the end-to-end benchmarks: serve an agent on
  * an ephemeral (or given) port over real HTTP with the real `KernelClient`
- * (on undici directly, as `KernelClient.layerUndici`), optionally wrapping the
+ * (on Node's sockets, as `KernelClient.layerSocket`), optionally wrapping the
  * client to observe its calls.
  *
  * @since 0.1.0
@@ -36,17 +36,18 @@ export const serveAgent = <In, A, E>(
     const server = Context.get(serverContext, HttpServer.HttpServer)
     const address = server.address
     const port = address._tag === "UnixPathAddress" ? 0 : address.port
-    // Built in this scope: `Effect.provide(layer)` would close the undici pool as soon as `make` returned.
-    // The agent's connections to the kernel as `KernelClient.layerUndici` opens them (64 by default);
-    // `BENCH_AGENT_CONNECTIONS=<n>` sets another cap, for diagnosis (every reported figure uses the default).
-    const connections = Number(process.env["BENCH_AGENT_CONNECTIONS"] ?? NaN)
-    const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcherOptions({
-      connections: Number.isInteger(connections) && connections > 0 ? connections : KernelClient.defaultConnections
-    }))
-    const client = yield* KernelClient.makeUndici({ baseUrl: options.kernelUrl, secret: options.secret }).pipe(
-      Effect.provide(dispatcher),
-      Effect.orDie
-    )
+    // The agent's connections to the kernel as `KernelClient.layerSocket` opens them (64 by default), built in this
+    // scope. `BENCH_AGENT_CONNECTIONS=<n>` sets another cap and `BENCH_AGENT_TRANSPORT=undici` puts the agent on
+    // `KernelClient.layerUndici`, for diagnosis (every reported figure uses the defaults).
+    const cap = Number(process.env["BENCH_AGENT_CONNECTIONS"] ?? NaN)
+    const connections = Number.isInteger(cap) && cap > 0 ? cap : KernelClient.defaultConnections
+    const clientOptions = { baseUrl: options.kernelUrl, secret: options.secret, connections }
+    const client = process.env["BENCH_AGENT_TRANSPORT"] === "undici"
+      ? yield* KernelClient.makeUndici(clientOptions).pipe(
+        Effect.provide(yield* Layer.build(NodeHttpClient.layerDispatcherOptions({ connections }))),
+        Effect.orDie
+      )
+      : yield* KernelClient.makeSocket(clientOptions).pipe(Effect.orDie)
     const wrapped = options.wrap === undefined ? client : options.wrap(client)
     yield* Layer.build(
       Agent.layer(agent).pipe(

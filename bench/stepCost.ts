@@ -17,6 +17,7 @@ import { NodeHttpClient } from "@effect/platform-node"
 import { Context, Effect, Layer, ManagedRuntime, Schema } from "effect"
 import { HttpBody, HttpClient, HttpClientRequest } from "effect/http"
 import { createHmac } from "node:crypto"
+import * as Net from "node:net"
 import * as Undici from "undici"
 import { Agent, KernelClient, Signature, Tool } from "../src/index.js"
 import { PROCEED_EXECUTION_ID, REPLAY_EXECUTION_ID } from "./stubKernel.js"
@@ -113,7 +114,7 @@ class RuntimeTag extends Context.Service<RuntimeTag, Agent.AgentRuntime>()("benc
  */
 export const makeSdk = (
   baseUrl: string,
-  transport: "undici" | "httpclient",
+  transport: "socket" | "undici" | "httpclient",
   tracing = true,
   mark?: (i: number) => void
 ) => {
@@ -143,7 +144,9 @@ export const makeSdk = (
   })
   const layer = Layer.effect(RuntimeTag, Agent.runtime(agent)).pipe(
     Layer.provide(
-      transport === "undici"
+      transport === "socket"
+        ? KernelClient.layerSocket({ baseUrl, secret: SECRET })
+        : transport === "undici"
         ? KernelClient.layerUndici({ baseUrl, secret: SECRET })
         : KernelClient.layer({ baseUrl, secret: SECRET }).pipe(Layer.provide(NodeHttpClient.layerUndici))
     )
@@ -175,7 +178,66 @@ export const makeSdk = (
   return { run, close: () => runtime.dispose() }
 }
 
-type Side = "bare" | "floor" | "sdk" | "sdk_httpclient"
+/**
+ * The bare baseline on Node's sockets: the same requests, signed per request
+ * with node:crypto, written on one keep-alive `node:net` connection as one
+ * buffer each, each answer read by its `content-length` — the least any
+ * client on `node:net` does for these round trips (the floor of
+ * `KernelClient.layerSocket`).
+ */
+export const makeBareSocket = (baseUrl: string) => {
+  const url = new URL(baseUrl)
+  const socket = Net.connect({ host: url.hostname, port: Number(url.port) })
+  socket.setNoDelay(true)
+  let buffered: Buffer | undefined
+  let waiting: ((text: string) => void) | undefined
+  socket.on("data", (data: Buffer) => {
+    const buffer = buffered === undefined ? data : Buffer.concat([buffered, data])
+    const end = buffer.indexOf("\r\n\r\n")
+    const length = end < 0 ? -1 : Number(/\r\ncontent-length: *(\d+)/i.exec(buffer.toString("latin1", 0, end))?.[1])
+    if (end < 0 || buffer.length < end + 4 + length) {
+      buffered = buffer
+      return
+    }
+    buffered = undefined
+    const resolve = waiting!
+    waiting = undefined
+    resolve(buffer.toString("utf8", end + 4, end + 4 + length))
+  })
+  const post = (path: string, body: string): Promise<unknown> =>
+    new Promise<string>((resolve) => {
+      waiting = resolve
+      let head = `POST ${path} HTTP/1.1\r\nhost: ${url.host}\r\nconnection: keep-alive\r\n`
+      const headers = signedHeaders(body)
+      for (const name in headers) head += name + ": " + headers[name] + "\r\n"
+      socket.write(head + "content-length: " + Buffer.byteLength(body) + "\r\n\r\n" + body)
+    }).then((text) => JSON.parse(text))
+  const run = async (executionId: string, steps: number, replay: boolean): Promise<number> => {
+    const base = "/v0/executions/" + executionId
+    const t0 = nowMs()
+    for (let i = 0; i < steps; i++) {
+      const decision = (await post(base + "/steps", SUBMIT_BODY)) as { decision: string; step_id: string }
+      if (replay) {
+        if (decision.decision !== "replay") throw new Error("bare socket: expected replay")
+        continue
+      }
+      if (decision.decision !== "proceed") throw new Error("bare socket: expected proceed")
+      const recorded = (await post(base + "/steps/" + decision.step_id + "/complete", COMPLETE_BODY)) as {
+        decision: string
+      }
+      if (recorded.decision !== "recorded") throw new Error("bare socket: expected recorded")
+    }
+    return nowMs() - t0
+  }
+  return { run, close: async () => void socket.destroy() }
+}
+
+/** The sides of `step-cost` and `replay`, in the order of round 0. */
+const SIDES = ["bare", "bare_socket", "floor", "sdk", "sdk_undici", "sdk_httpclient"] as const
+type Side = typeof SIDES[number]
+
+const perSide = <A>(f: (side: Side) => A): Record<Side, A> =>
+  Object.fromEntries(SIDES.map((side) => [side, f(side)])) as Record<Side, A>
 
 const pair = async (
   name: string,
@@ -186,83 +248,94 @@ const pair = async (
   // replay: 1,000 recorded steps per round (the brief's figure)
   const steps = replay ? 1_000 : 2_000
   const rounds = options.quick ? 5 : 9
-  const bare = makeBare(baseUrl)
-  const floor = makeFloor(baseUrl)
-  const sdk = makeSdk(baseUrl, "undici")
-  const sdkHttpClient = makeSdk(baseUrl, "httpclient")
   const executionId = replay ? REPLAY_EXECUTION_ID : PROCEED_EXECUTION_ID
-  const runners: Record<Side, (n: number) => Promise<number>> = {
-    bare: (n) => bare.run(executionId, n, replay),
-    floor: (n) => floor.run(executionId, n, replay),
-    sdk: (n) => sdk.run(executionId, n),
-    sdk_httpclient: (n) => sdkHttpClient.run(executionId, n)
+  const clients: Record<Side, { run: (n: number) => Promise<number>; close: () => Promise<void> }> = {
+    bare: ((c) => ({ run: (n: number) => c.run(executionId, n, replay), close: c.close }))(makeBare(baseUrl)),
+    bare_socket: ((c) => ({ run: (n: number) => c.run(executionId, n, replay), close: c.close }))(
+      makeBareSocket(baseUrl)
+    ),
+    floor: ((c) => ({ run: (n: number) => c.run(executionId, n, replay), close: c.close }))(makeFloor(baseUrl)),
+    sdk: ((c) => ({ run: (n: number) => c.run(executionId, n), close: c.close }))(makeSdk(baseUrl, "socket")),
+    sdk_undici: ((c) => ({ run: (n: number) => c.run(executionId, n), close: c.close }))(makeSdk(baseUrl, "undici")),
+    sdk_httpclient: ((c) => ({ run: (n: number) => c.run(executionId, n), close: c.close }))(
+      makeSdk(baseUrl, "httpclient")
+    )
   }
-  const sides = Object.keys(runners) as ReadonlyArray<Side>
   // Warm-up (JIT, connections; the `warm-up` line shows a fresh SDK needs ~1,000 steps to settle): two untimed
   // passes over the sides.
   const warmSteps = options.quick ? 1_500 : 2_500
-  for (let pass = 0; pass < 2; pass++) for (const side of rotated(sides, pass)) await runners[side](warmSteps)
-  const rates: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
-  const cpu: Record<Side, Array<number>> = { bare: [], floor: [], sdk: [], sdk_httpclient: [] }
+  for (let pass = 0; pass < 2; pass++) for (const side of rotated(SIDES, pass)) await clients[side].run(warmSteps)
+  const rates = perSide((): Array<number> => [])
+  const cpu = perSide((): Array<number> => [])
   const segments = 4
   const segmentSteps = Math.ceil(steps / segments)
   for (let r = 0; r < rounds; r++) {
-    // Interleaved and rotated: round r starts with side r mod 4; each round is cut into 4 segments, each in the
+    // Interleaved and rotated: round r starts with side r mod 6; each round is cut into 4 segments, each in the
     // next rotation, so that a burst of load on the shared machine falls on every side rather than on one.
-    const order = rotated(sides, r)
-    const ms: Record<Side, number> = { bare: 0, floor: 0, sdk: 0, sdk_httpclient: 0 }
-    const us: Record<Side, number> = { bare: 0, floor: 0, sdk: 0, sdk_httpclient: 0 }
+    const order = rotated(SIDES, r)
+    const ms = perSide(() => 0)
+    const us = perSide(() => 0)
     for (let segment = 0; segment < segments; segment++) {
-      for (const side of rotated(sides, r + segment)) {
+      for (const side of rotated(SIDES, r + segment)) {
         const c0 = process.cpuUsage()
-        ms[side] += await runners[side](segmentSteps)
+        ms[side] += await clients[side].run(segmentSteps)
         const c = process.cpuUsage(c0)
         us[side] += c.user + c.system
       }
     }
-    for (const side of sides) {
+    for (const side of SIDES) {
       rates[side].push((segments * segmentSteps * 1000) / ms[side])
       cpu[side].push(us[side] / (segments * segmentSteps))
     }
     log(
-      `  ${name} round ${r + 1}/${rounds} (${order.join(", ")}): bare ${round(rates.bare[r]!)}, platform floor ${
-        round(rates.floor[r]!)
-      }, sdk ${round(rates.sdk[r]!)}, sdk on HttpClient ${round(rates.sdk_httpclient[r]!)} steps/s; CPU sdk ${
-        round(cpu.sdk[r]!)
-      } vs bare ${round(cpu.bare[r]!)} µs/step`
+      `  ${name} round ${r + 1}/${rounds} (${order.join(", ")}): ${
+        SIDES.map((side) => `${side} ${round(rates[side][r]!)}`).join(", ")
+      } steps/s; CPU µs/step ${SIDES.map((side) => `${side} ${round(cpu[side][r]!)}`).join(", ")}`
     )
   }
-  await bare.close()
-  await floor.close()
-  await sdk.close()
-  await sdkHttpClient.close()
+  for (const side of SIDES) await clients[side].close()
   const perRound = (f: (r: number) => number, digits: number) => Array.from({ length: rounds }, (_, r) => round(f(r), digits))
-  const ratios = perRound((r) => rates.sdk[r]! / rates.bare[r]!, 3)
-  const overhead = perRound((r) => cpu.sdk[r]! - cpu.bare[r]!, 1)
-  // Client CPU, bare / SDK: what the ratio would be if the wall time were the client's CPU alone.
-  const cpuRatios = perRound((r) => cpu.bare[r]! / cpu.sdk[r]!, 3)
-  const ratioMin = Math.min(...ratios)
-  const overheadMedian = round(median(overhead), 1)
+  /** `sdk` against `baseline`, per round: the steps/s ratio and the CPU overhead (µs/step). */
+  const versus = (sdk: Side, baseline: Side) => {
+    const ratios = perRound((r) => rates[sdk][r]! / rates[baseline][r]!, 3)
+    const overhead = perRound((r) => cpu[sdk][r]! - cpu[baseline][r]!, 1)
+    return {
+      ratio: round(median(rates[sdk]) / median(rates[baseline]), 3),
+      ratio_per_round: ratios,
+      ratio_min: Math.min(...ratios),
+      overhead_cpu_us_per_step: round(median(overhead), 1),
+      overhead_cpu_us_per_step_per_round: overhead,
+      // Client CPU, baseline / SDK: what the ratio would be if the wall time were the client's CPU alone.
+      cpu_ratio_per_round: perRound((r) => cpu[baseline][r]! / cpu[sdk][r]!, 3)
+    }
+  }
+  const headline = versus("sdk", "bare")
+  const sameTransport = versus("sdk", "bare_socket")
   return {
     name,
     steps_per_round: steps,
     rounds,
     warm_up_steps_per_side: 2 * warmSteps,
-    order:
-      "interleaved, rotated: round r starts with side r mod 4 of bare, floor, sdk, sdk_httpclient; 4 segments per round, each rotated once more",
+    order: `interleaved, rotated: round r starts with side r mod ${SIDES.length} of ${
+      SIDES.join(", ")
+    }; 4 segments per round, each rotated once more`,
     round_trips_per_step: replay ? 1 : 2,
     // wall: steps/s of each side (median, min, max over rounds)
     sdk_steps_per_s: spread(rates.sdk),
     bare_steps_per_s: spread(rates.bare),
-    ratio: round(median(rates.sdk) / median(rates.bare), 3),
-    ratio_per_round: ratios,
-    ratio_min: ratioMin,
+    // The SDK (KernelClient.layerSocket) against the bare undici client.
+    ...headline,
     // CPU of this process (the client side) per step
     sdk_cpu_us_per_step: spread(cpu.sdk, 1),
     bare_cpu_us_per_step: spread(cpu.bare, 1),
-    overhead_cpu_us_per_step: overheadMedian,
-    overhead_cpu_us_per_step_per_round: overhead,
-    cpu_ratio_per_round: cpuRatios,
+    // The same transport on both sides: the SDK on sockets against the bare socket client.
+    bare_socket_steps_per_s: spread(rates.bare_socket),
+    bare_socket_cpu_us_per_step: spread(cpu.bare_socket, 1),
+    versus_bare_socket: sameTransport,
+    // The SDK on undici (KernelClient.layerUndici) against the bare undici client.
+    sdk_undici_steps_per_s: spread(rates.sdk_undici),
+    sdk_undici_cpu_us_per_step: spread(cpu.sdk_undici, 1),
+    sdk_undici_versus_bare: versus("sdk_undici", "bare"),
     // The SDK on effect/http's HttpClient (KernelClient.layer + NodeHttpClient.layerUndici).
     sdk_httpclient_steps_per_s: spread(rates.sdk_httpclient),
     sdk_httpclient_ratio: round(median(rates.sdk_httpclient) / median(rates.bare), 3),
@@ -273,12 +346,15 @@ const pair = async (
     platform_floor_cpu_us_per_step: spread(cpu.floor, 1),
     ...(replay ? {} : {
       targets: {
-        overhead_cpu_us_per_step: target("<=", 60, overheadMedian, "µs"),
-        ratio_every_round: target(">=", 0.85, ratioMin)
+        overhead_cpu_us_per_step: target("<=", 60, headline.overhead_cpu_us_per_step, "µs"),
+        ratio_every_round: target(">=", 0.85, headline.ratio_min),
+        overhead_cpu_us_per_step_same_transport: target("<=", 60, sameTransport.overhead_cpu_us_per_step, "µs"),
+        ratio_every_round_same_transport: target(">=", 0.85, sameTransport.ratio_min)
       }
     }),
     stub: "node:http child process on 127.0.0.1, keep-alive",
-    client: "sdk: KernelClient.layerUndici; bare: undici.Agent.request + node:crypto createHmac"
+    client:
+      "sdk: KernelClient.layerSocket; sdk_undici: KernelClient.layerUndici; bare: undici.Agent.request + node:crypto createHmac; bare_socket: one node:net connection, one write per request"
   }
 }
 
@@ -298,7 +374,8 @@ export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>>
 
 /** For `bench/profile.ts`: the SDK side alone. */
 export const profileSdk = async (baseUrl: string, replay: boolean, steps: number): Promise<void> => {
-  const sdk = makeSdk(baseUrl, process.env["BENCH_TRANSPORT"] === "httpclient" ? "httpclient" : "undici")
+  const transport = process.env["BENCH_TRANSPORT"]
+  const sdk = makeSdk(baseUrl, transport === "httpclient" || transport === "undici" ? transport : "socket")
   await sdk.run(replay ? REPLAY_EXECUTION_ID : PROCEED_EXECUTION_ID, 500)
   for (let i = 0; i < 3; i++) {
     const c0 = process.cpuUsage()
