@@ -117,7 +117,7 @@ const hello = Agent.make({
 })
 
 Agent.serve(hello, { port: Number(process.env.AGENT_PORT) }).pipe(
-  Layer.provide(KernelClient.layerUndici({
+  Layer.provide(KernelClient.layerSocket({
     baseUrl: process.env.REBUNO_URL,
     secret: Redacted.make(process.env.HELLO_SECRET)
   })),
@@ -251,7 +251,11 @@ export const reversedOrEmpty = reverse({ text: "abc" }).pipe(
 )
 
 export const AgentLive = Agent.serve(hello, { port: 5000 }).pipe(
-  Layer.provide(KernelClient.layerUndici({ baseUrl: "http://localhost:8080", secret: Redacted.make("s") }))
+  Layer.provide(KernelClient.layerSocket({ baseUrl: "http://localhost:8080", secret: Redacted.make("s") }))
+)
+
+export const AgentOnUndici = Agent.serve(hello, { port: 5000 }).pipe(
+  Layer.provide(KernelClient.layerUndiciConfig({ connections: 8 }))
 )
 
 export const createOne = Effect.gen(function*() {

@@ -73,7 +73,7 @@ const settings = Effect.gen(function*() {
 export const DeployerLive = Layer.unwrap(
   Effect.map(settings, ({ baseUrl, port, secret }) =>
     Layer.mergeAll(
-      Agent.serve(deployer, { port }).pipe(Layer.provide(KernelClient.layerUndici({ baseUrl, secret }))),
+      Agent.serve(deployer, { port }).pipe(Layer.provide(KernelClient.layerSocket({ baseUrl, secret }))),
       Client.layer({ baseUrl }).pipe(Layer.provide(NodeHttpClient.layerUndici))
     ))
 )

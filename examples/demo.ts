@@ -93,7 +93,7 @@ const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: st
     const context = yield* Layer.buildWithScope(
       Agent.layer(agent).pipe(
         Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layerUndici({ baseUrl: kernelUrl, secret }))
+        Layer.provide(KernelClient.layerSocket({ baseUrl: kernelUrl, secret }))
       ),
       scope
     )

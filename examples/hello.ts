@@ -61,7 +61,7 @@ export const KernelLive = Layer.unwrap(
     const secret = yield* Config.Redacted("REBUNO_AGENT_SECRET").pipe(
       Config.withDefault(Redacted.make("hello-secret"))
     )
-    return KernelClient.layerUndici({ baseUrl, secret })
+    return KernelClient.layerSocket({ baseUrl, secret })
   })
 )
 

@@ -147,7 +147,7 @@ export const main = (options: { readonly log?: ((line: string) => void) | undefi
     const served = yield* Layer.build(
       Agent.layer(librarian).pipe(
         Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port: AGENT_PORT, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layerUndici({ baseUrl: kernel.url, secret: SECRET }))
+        Layer.provide(KernelClient.layerSocket({ baseUrl: kernel.url, secret: SECRET }))
       )
     )
     const address = Context.get(served, HttpServer.HttpServer).address

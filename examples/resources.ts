@@ -111,7 +111,7 @@ const serveAgent = (kernelUrl: string, dirs: { readonly root: string; readonly s
     const context = yield* Layer.buildWithScope(
       Agent.layer(scribe).pipe(
         Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port: 0, host: "127.0.0.1" })),
-        Layer.provide(KernelClient.layerUndici({ baseUrl: kernelUrl, secret })),
+        Layer.provide(KernelClient.layerSocket({ baseUrl: kernelUrl, secret })),
         Layer.provide(drivers(dirs))
       ),
       scope

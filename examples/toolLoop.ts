@@ -153,7 +153,7 @@ export const main = (options: Options = {}): Effect.Effect<Summary, unknown, imp
         const context = yield* Layer.buildWithScope(
           Agent.layer(researcher).pipe(
             Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" })),
-            Layer.provide(KernelClient.layerUndici({ baseUrl: kernel.url, secret: SECRET }))
+            Layer.provide(KernelClient.layerSocket({ baseUrl: kernel.url, secret: SECRET }))
           ),
           scope
         )

@@ -974,7 +974,7 @@ export const layer = <In, A, E, R>(
  * @example
  * ```ts
  * Agent.serve(researcher, { port: 5000 }).pipe(
- *   Layer.provide(KernelClient.layerUndiciConfig()), Layer.launch, NodeRuntime.runMain)
+ *   Layer.provide(KernelClient.layerSocketConfig()), Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.1.0
@@ -1023,7 +1023,7 @@ export const serveFromEnv: Config.Config<ServeSettings> = Config.all({
  * ```ts
  * // AGENT_PORT=5001 AGENT_HOST=127.0.0.1 npx tsx agent.ts
  * Agent.serveConfig(researcher).pipe(
- *   Layer.provide(KernelClient.layerUndiciConfig()), Layer.launch, NodeRuntime.runMain)
+ *   Layer.provide(KernelClient.layerSocketConfig()), Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.2.0

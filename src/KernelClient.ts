@@ -22,14 +22,15 @@
  * other scheme gets through. The older `signing` option pins a scheme and
  * wins over `stage`.
  *
- * Two transports send the same bytes. On Node.js the recommended one drives
- * undici's dispatcher directly and needs nothing else:
+ * Three transports send the same bytes. On Node.js the recommended one runs
+ * on Node's own sockets with a minimal HTTP/1.1 client and needs nothing else:
  *
  * ```ts
- * KernelClient.layerUndiciConfig()   // REBUNO_URL, REBUNO_AGENT_SECRET
+ * KernelClient.layerSocketConfig()   // REBUNO_URL, REBUNO_AGENT_SECRET
  * ```
  *
- * The other runs on any `effect/http` `HttpClient` (other runtimes, or
+ * `layerUndiciConfig()` drives undici's dispatcher directly instead. The third
+ * runs on any `effect/http` `HttpClient` (other runtimes, or
  * `transformClient` for proxies and logging):
  *
  * ```ts
@@ -638,8 +639,9 @@ export const make: (
  */
 export interface UndiciOptions extends Omit<Options, "transformClient"> {
   /**
-   * The most connections {@link layerUndici}'s undici `Agent` opens to the
-   * kernel (default {@link defaultConnections}). Unbounded, an agent that
+   * The most connections {@link layerUndici}'s undici `Agent` (or
+   * {@link layerSocket}'s pool) opens to the kernel (default
+   * {@link defaultConnections}). Unbounded, an agent that
    * releases thousands of parked runs at once opens thousands of sockets, and
    * undici's scan for a free one grows with their number: 10,000 runs released
    * together took over 150 s and missed heartbeats, against 8.4 s and none
@@ -1263,8 +1265,8 @@ const secretConfig: Config.Config<Redacted.Redacted<string>> = Config.schema(
 
 /**
  * The kernel client on undici directly (see {@link makeUndici}), with its own
- * keep-alive undici `Agent` that is closed when the layer's scope ends. The
- * recommended production client on Node.js: it needs no `HttpClient`.
+ * keep-alive undici `Agent` that is closed when the layer's scope ends. It
+ * needs no `HttpClient`; {@link layerSocket} does the same with less CPU.
  *
  * @example
  * ```ts

@@ -219,17 +219,28 @@ const startKernel = (options: { readonly webhookTimeoutMs?: number } = {}) =>
     dispatcher: { background: false, timeoutMs: options.webhookTimeoutMs ?? 2_000 }
   })
 
-/** Serves `agent` with `Agent.serve` on a free port, its kernel calls going to `kernelUrl`. */
+/** The kernel client's transports: `KernelClient.layer` on an `HttpClient`, `layerUndici`, `layerSocket`. */
+type Transport = "httpClient" | "undici" | "socket"
+
+/**
+ * Serves `agent` with `Agent.serve` on a free port, its kernel calls going to
+ * `kernelUrl` through `transport` (by default `KernelClient.layer` on
+ * `NodeHttpClient.layerUndici`).
+ */
 const serveAgent = <In, A, E>(
   agent: Agent.Agent<In, A, E, never>,
   kernelUrl: string,
-  retry: KernelClient.OutcomeRetrySettings = KernelClient.defaultOutcomeRetry
+  retry: KernelClient.OutcomeRetrySettings = KernelClient.defaultOutcomeRetry,
+  transport: Transport = "httpClient"
 ) =>
   Effect.gen(function*() {
     const port = yield* freePort
-    const kernelClient = KernelClient.layer({ baseUrl: kernelUrl, secret: SECRET, timeout: "5 seconds" }).pipe(
-      Layer.provide(NodeHttpClient.layerUndici)
-    )
+    const options = { baseUrl: kernelUrl, secret: SECRET, timeout: "5 seconds" } as const
+    const kernelClient = transport === "undici"
+      ? KernelClient.layerUndici(options)
+      : transport === "socket"
+      ? KernelClient.layerSocket(options)
+      : KernelClient.layer(options).pipe(Layer.provide(NodeHttpClient.layerUndici))
     yield* Layer.launch(
       Agent.serve(agent, { port, host: "127.0.0.1" }).pipe(
         Layer.provide(kernelClient),
@@ -706,9 +717,9 @@ const startTcpProxy = (target: string) =>
   ).pipe(Effect.map(({ proxy }) => proxy))
 
 describe("a kernel outage through a TCP proxy (issue 13)", () => {
-  it.live(
-    "down during a body and its heartbeats, at a step complete and at the execution complete: one delivery, each body once, nothing indeterminate",
-    () =>
+  it.live.each(["httpClient", "undici", "socket"] as const)(
+    "%s: down during a body and its heartbeats, at a step complete and at the execution complete: one delivery, each body once, nothing indeterminate",
+    (transport) =>
       Effect.gen(function*() {
         // Lease 6 s, a beat every 2 s. A 1 s warm-up step, then `slow`, submitted at ~1 s: the
         // lease can be valid until ~7 s. The kernel is down from ~1.3 s to ~6.4 s (refusing
@@ -767,7 +778,12 @@ describe("a kernel outage through a TCP proxy (issue 13)", () => {
           dispatcher: { background: false, timeoutMs: 2_000 }
         })
         proxy = yield* startTcpProxy(kernel.url)
-        const agentUrl = yield* serveAgent(agent, proxy.url, { baseDelay: "50 millis", maxDelay: "100 millis" })
+        const agentUrl = yield* serveAgent(
+          agent,
+          proxy.url,
+          { baseDelay: "50 millis", maxDelay: "100 millis" },
+          transport
+        )
         yield* kernel.core.registerAgent({ id: "enduring", webhookUrl: agentUrl + "/webhook", secret: SECRET })
         const execution = yield* kernel.core.createExecution({ agentId: "enduring", inputRaw: "{}", agentVersion: undefined })
         const id = execution.id
