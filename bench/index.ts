@@ -13,11 +13,15 @@
  *
  * Lines (`--only=` takes these names):
  *
- * - `step-cost`: the SDK vs a bare keep-alive undici client sending the same
- *   signed bytes to a stub kernel (child process): steps/s, client CPU
- *   µs/step, the overhead (SDK − bare CPU µs/step, median and per round; target
- *   ≤ 60) and the ratio per round (target ≥ 0.85 in every round), plus the
- *   SDK on `effect/http`'s HttpClient and the bare HttpClient floor;
+ * - `step-cost`: the SDK (`KernelClient.layerSocket`) vs a bare keep-alive
+ *   undici client sending the same signed bytes to a stub kernel (child
+ *   process): steps/s, client CPU µs/step, the overhead (SDK − bare CPU
+ *   µs/step, median and per round; target ≤ 60) and the ratio per round
+ *   (target ≥ 0.85 in every round); the same against a bare client on one
+ *   `node:net` socket (the same transport as the SDK's, `versus_bare_socket`,
+ *   with the targets repeated for it), plus the SDK on undici
+ *   (`layerUndici`) and on `effect/http`'s HttpClient, and the bare
+ *   HttpClient floor;
  *   `replay`: the same for recorded steps (one round trip each);
  * - `kernel`: a 200-step agent over HTTP against the embedded kernel in its
  *   own process (`<cli> dev`), with `REBUNO_REFERENCE_BIN` (spawned with a
@@ -53,7 +57,8 @@
  *
  * Knobs (environment): `REBUNO_REFERENCE_BIN`, `REBUNO_REFERENCE_URL`,
  * `REBUNO_REFERENCE_PID`, `REBUNO_REFERENCE_AGENT_PORT`,
- * `REBUNO_REFERENCE_TOKEN` (`kernel.ts`, `endToEnd.ts`); `BENCH_KERNEL_STAGE`
+ * `REBUNO_REFERENCE_TOKEN` (`kernel.ts`, `endToEnd.ts`); `BENCH_AGENT_TRANSPORT=undici`
+ * puts the agents of `kernel` and `memory` on `layerUndici`; `BENCH_KERNEL_STAGE`
  * runs our kernel at another stage in `kernel`, `BENCH_KERNEL_FLOOR=0`
  * leaves out its `node_floor` side; `BENCH_IN_FLIGHT` sets the
  * size of `memory`, `BENCH_HEAP_SNAPSHOT=<file>` writes a heap snapshot while

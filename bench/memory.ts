@@ -13,7 +13,7 @@
  * 2. `http`: the same N runs over real HTTP — the embedded kernel in its own
  *    child process (`Kernel.start`, dispatcher 64 claimed and delivered at a
  *    time, 50 ms tick), the agent in another (`Agent.layer` +
- *    `KernelClient.layerUndici`), executions created with the operator
+ *    `KernelClient.layerSocket`), executions created with the operator
  *    `Client` (16 requests in flight), real clock. Leases of 30 s (12 s with
  *    `--quick`) give a beat every 10 s (4 s); the runs stay parked for 2.5
  *    beat intervals. A beat is late when it comes more than 1 s after it was

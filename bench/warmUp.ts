@@ -4,7 +4,7 @@
  * (5,000; 3,000 with `--quick`) and reports wall and CPU µs/step for steps
  * 1–100, 101–1,000 and 1,001–N (steady state), plus the last 1,000 steps:
  *
- * - `sdk_http`: the SDK over HTTP (`Agent.runtime` + `KernelClient.layerUndici`,
+ * - `sdk_http`: the SDK over HTTP (`Agent.runtime` + `KernelClient.layerSocket`,
  *   the `step-cost` agent) against the stub kernel in its own child process,
  *   warmed up first by 2,000 bare-client steps (so the figures are the
  *   agent's warm-up, not the server's);
@@ -59,7 +59,7 @@ const stepsOf = (quick: boolean) => (quick ? 3_000 : 5_000)
 const sdkHttp = async (quick: boolean) => {
   const steps = stepsOf(quick)
   const rec = recorder(steps)
-  const sdk = makeSdk(process.env["BENCH_STUB_URL"]!, "undici", true, rec.mark)
+  const sdk = makeSdk(process.env["BENCH_STUB_URL"]!, "socket", true, rec.mark)
   await sdk.run(PROCEED_EXECUTION_ID, steps)
   await sdk.close()
   return rec.figures()
