@@ -40,6 +40,30 @@ const signedHeaders = (body: string | Uint8Array): Record<string, string> => ({
   "rebuno-dispatch-attempt": "1"
 })
 
+/**
+ * The bare clients' step loop over their `post`: `steps` sequential steps (a
+ * submit, then a complete); with `replay`, one round trip each (the submit).
+ * Resolves with the elapsed milliseconds.
+ */
+const stepLoop = (label: string, post: (path: string, body: string) => Promise<unknown>) =>
+async (executionId: string, steps: number, replay: boolean): Promise<number> => {
+  const base = "/v0/executions/" + executionId
+  const t0 = nowMs()
+  for (let i = 0; i < steps; i++) {
+    const decision = (await post(base + "/steps", SUBMIT_BODY)) as { decision: string; step_id: string }
+    if (replay) {
+      if (decision.decision !== "replay") throw new Error(`${label}: expected replay`)
+      continue
+    }
+    if (decision.decision !== "proceed") throw new Error(`${label}: expected proceed`)
+    const recorded = (await post(base + "/steps/" + decision.step_id + "/complete", COMPLETE_BODY)) as {
+      decision: string
+    }
+    if (recorded.decision !== "recorded") throw new Error(`${label}: expected recorded`)
+  }
+  return nowMs() - t0
+}
+
 /** The bare baseline: the same requests with undici's Agent, signed per request with node:crypto. */
 export const makeBare = (baseUrl: string) => {
   const dispatcher = new Undici.Agent({ keepAliveTimeout: 60_000 })
@@ -50,25 +74,7 @@ export const makeBare = (baseUrl: string) => {
     if (response.statusCode >= 300) throw new Error(`bare: status ${response.statusCode}`)
     return JSON.parse(text)
   }
-  /** `steps` sequential steps; with `replay`, one round trip each (the submit). */
-  const run = async (executionId: string, steps: number, replay: boolean): Promise<number> => {
-    const base = "/v0/executions/" + executionId
-    const t0 = nowMs()
-    for (let i = 0; i < steps; i++) {
-      const decision = (await post(base + "/steps", SUBMIT_BODY)) as { decision: string; step_id: string }
-      if (replay) {
-        if (decision.decision !== "replay") throw new Error("bare: expected replay")
-        continue
-      }
-      if (decision.decision !== "proceed") throw new Error("bare: expected proceed")
-      const recorded = (await post(base + "/steps/" + decision.step_id + "/complete", COMPLETE_BODY)) as {
-        decision: string
-      }
-      if (recorded.decision !== "recorded") throw new Error("bare: expected recorded")
-    }
-    return nowMs() - t0
-  }
-  return { run, close: () => dispatcher.close() }
+  return { run: stepLoop("bare", post), close: () => dispatcher.close() }
 }
 
 /**
@@ -212,24 +218,7 @@ export const makeBareSocket = (baseUrl: string) => {
       for (const name in headers) head += name + ": " + headers[name] + "\r\n"
       socket.write(head + "content-length: " + Buffer.byteLength(body) + "\r\n\r\n" + body)
     }).then((text) => JSON.parse(text))
-  const run = async (executionId: string, steps: number, replay: boolean): Promise<number> => {
-    const base = "/v0/executions/" + executionId
-    const t0 = nowMs()
-    for (let i = 0; i < steps; i++) {
-      const decision = (await post(base + "/steps", SUBMIT_BODY)) as { decision: string; step_id: string }
-      if (replay) {
-        if (decision.decision !== "replay") throw new Error("bare socket: expected replay")
-        continue
-      }
-      if (decision.decision !== "proceed") throw new Error("bare socket: expected proceed")
-      const recorded = (await post(base + "/steps/" + decision.step_id + "/complete", COMPLETE_BODY)) as {
-        decision: string
-      }
-      if (recorded.decision !== "recorded") throw new Error("bare socket: expected recorded")
-    }
-    return nowMs() - t0
-  }
-  return { run, close: async () => void socket.destroy() }
+  return { run: stepLoop("bare socket", post), close: async () => void socket.destroy() }
 }
 
 /** The sides of `step-cost` and `replay`, in the order of round 0. */

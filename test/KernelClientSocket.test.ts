@@ -22,6 +22,7 @@ import * as Path from "node:path"
 import * as Tls from "node:tls"
 import * as KernelClient from "../src/KernelClient.js"
 import { KernelError } from "../src/RebunoError.js"
+import { pause, waitUntil } from "./support/realTime.js"
 import { caller, EXEC, EXECUTION_WIRE, SECRET, STEP } from "./support/kernelClientFixtures.js"
 
 // ---------------------------------------------------------------------------
@@ -148,7 +149,6 @@ const transportFailure = <A, E>(exit: Exit.Exit<A, E>): string => {
   return error.reason.description
 }
 
-const pause = (ms: number) => Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, ms)))
 
 // ---------------------------------------------------------------------------
 // Connections
@@ -195,7 +195,7 @@ describe("KernelClient.layerSocket: connections", () => {
       const all = yield* Effect.forkChild(
         Effect.forEach(Array.from({ length: 12 }), () => submit(c), { concurrency: "unbounded" })
       )
-      yield* waitFor("three requests held", () => held.length === 3)
+      yield* waitUntil("three requests held", () => held.length === 3)
       yield* pause(50)
       expect(server.connections()).toBe(3)
       expect(server.requests).toHaveLength(3)
@@ -271,7 +271,7 @@ describe("KernelClient.layerSocket: connections", () => {
       // Answered and idle: nothing of the client's is keeping the event loop alive.
       expect(tcpHandles()).toBe(before)
       const fiber = yield* Effect.forkChild(submit(c))
-      yield* waitFor("the second request", () => hold !== undefined)
+      yield* waitUntil("the second request", () => hold !== undefined)
       expect(tcpHandles()).toBe(before + 1)
       hold!.write(json(PROCEED))
       yield* Fiber.join(fiber)
@@ -285,13 +285,13 @@ describe("KernelClient.layerSocket: connections", () => {
       const c = yield* client(server.url, { connections: 1 }).pipe(Scope.provide(scope))
       const inFlight = yield* Effect.forkChild(Effect.exit(submit(c)))
       const waiting = yield* Effect.forkChild(Effect.exit(submit(c)))
-      yield* waitFor("the first request", () => server.requests.length === 1)
+      yield* waitUntil("the first request", () => server.requests.length === 1)
       yield* Scope.close(scope, Exit.void)
       expect(transportFailure(yield* Fiber.join(inFlight))).toMatch(/^request failed/)
       expect(transportFailure(yield* Fiber.join(waiting))).toBe("request failed: the kernel client is closed")
       expect(transportFailure(yield* Effect.exit(c.heartbeat(caller, EXEC))))
         .toBe("request failed: the kernel client is closed")
-      yield* waitFor("the connection closed", () => server.open() === 0)
+      yield* waitUntil("the connection closed", () => server.open() === 0)
     }))
 })
 
@@ -513,12 +513,4 @@ describe.skipIf(tlsMaterial === undefined)("KernelClient.layerSocket: https", ()
     }))
 })
 
-/** Polls `condition` in real time until it holds (dies after 5 s). */
-const waitFor = (what: string, condition: () => boolean) =>
-  Effect.gen(function*() {
-    const deadline = Date.now() + 5_000
-    while (!condition()) {
-      if (Date.now() > deadline) return yield* Effect.die(new Error(`timed out waiting for ${what}`))
-      yield* pause(5)
-    }
-  })
+

@@ -38,6 +38,7 @@ import {
   STEP,
   SUBMIT_SIGNATURE
 } from "./support/kernelClientFixtures.js"
+import { pause, waitUntil } from "./support/realTime.js"
 import * as Signature from "../src/Signature.js"
 
 // ---------------------------------------------------------------------------
@@ -169,18 +170,8 @@ const freePort = Effect.callback<number>((resume) => {
   })
 })
 
-/** A real pause, whatever the Effect clock. */
-const pause = (ms: number) => Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, ms)))
 
-/** Polls `condition` in real time until it holds (dies after 5 s). */
-const waitFor = (what: string, condition: () => boolean) =>
-  Effect.gen(function*() {
-    const deadline = Date.now() + 5_000
-    while (!condition()) {
-      if (Date.now() > deadline) return yield* Effect.die(new Error(`timed out waiting for ${what}`))
-      yield* pause(5)
-    }
-  })
+
 
 // ---------------------------------------------------------------------------
 // Clients
@@ -747,7 +738,7 @@ describe.each(DIRECT)("KernelClient %s transport", (transport) => {
         expect(elapsed).toBeLessThan(2_000)
         expect(server.received).toHaveLength(1)
         // The request was abandoned on the wire too.
-        yield* waitFor("the server to see the request aborted", () => server.aborted.length === 1)
+        yield* waitUntil("the server to see the request aborted", () => server.aborted.length === 1)
         expect(server.aborted).toEqual([0])
       }))
 
@@ -756,7 +747,7 @@ describe.each(DIRECT)("KernelClient %s transport", (transport) => {
         const server = yield* startServer(never)
         const client = yield* direct(transport, server, { timeout: "2 seconds" })
         const fiber = yield* Effect.forkChild(client.submitStep(caller, EXEC, submission))
-        yield* waitFor("the request to arrive", () => server.received.length === 1)
+        yield* waitUntil("the request to arrive", () => server.received.length === 1)
         yield* pause(50)
         // Real time passes, virtual time does not: still pending.
         expect(fiber.pollUnsafe()).toBeUndefined()
@@ -771,7 +762,7 @@ describe.each(DIRECT)("KernelClient %s transport", (transport) => {
         expect(error).toBeInstanceOf(KernelError)
         expect(error).toMatchObject({ reason: { _tag: "TransportError" } })
         expect((error as KernelError).reason.description).toContain("timed out")
-        yield* waitFor("the server to see the request aborted", () => server.aborted.length === 1)
+        yield* waitUntil("the server to see the request aborted", () => server.aborted.length === 1)
         expect(server.received).toHaveLength(1)
       }))
 
@@ -780,13 +771,13 @@ describe.each(DIRECT)("KernelClient %s transport", (transport) => {
         const server = yield* startServer(never)
         const client = yield* direct(transport, server)
         const fiber = yield* Effect.forkChild(client.submitStep(caller, EXEC, submission))
-        yield* waitFor("the request to arrive", () => server.received.length === 1)
+        yield* waitUntil("the request to arrive", () => server.received.length === 1)
         const start = Date.now()
         yield* Fiber.interrupt(fiber)
         const exit = yield* Fiber.await(fiber)
         expect(Date.now() - start).toBeLessThan(500)
         expect(Exit.hasInterrupts(exit)).toBe(true)
-        yield* waitFor("the server to see the request aborted", () => server.aborted.length === 1)
+        yield* waitUntil("the server to see the request aborted", () => server.aborted.length === 1)
         expect(server.aborted).toEqual([0])
 
         server.setHandler((_request, _index, res) => sendJson(res, 200, { decision: "proceed", step_id: STEP }))

@@ -42,6 +42,7 @@ import type { ToolError } from "../../src/RebunoError.js"
 import * as Signature from "../../src/Signature.js"
 import * as Tool from "../../src/Tool.js"
 import * as TestLogs from "../support/logging.js"
+import { pause } from "../support/realTime.js"
 
 const SECRET = "fault-secret"
 const LEASE_MS = 2_000
@@ -82,9 +83,6 @@ const withWarpClock = <A, E, R>(f: (warp: (ms: number) => Effect.Effect<void>) =
     const { clock, warp } = makeWarpClock()
     return Effect.provideService(f(warp), Clock.Clock, clock).pipe(Effect.provide(TestLogs.layer))
   })
-
-/** A real pause, independent of any Effect clock. */
-const pause = (ms: number) => Effect.promise(() => new Promise<void>((resolve) => setTimeout(resolve, ms)))
 
 /** Polls `condition` (real time) until it holds. */
 const waitFor = <E, R>(what: string, condition: Effect.Effect<boolean, E, R>, timeoutMs = 10_000) =>
