@@ -187,6 +187,15 @@ describe("KernelClient.layerSocket: connections", () => {
       expect(server.connections()).toBe(1)
     }))
 
+  it.live("a host name is resolved, both address families tried: localhost reaches a server on 127.0.0.1", () =>
+    Effect.gen(function*() {
+      const server = yield* rawServer(proceed)
+      const port = new URL(server.url).port
+      const c = yield* client(`http://localhost:${port}`)
+      expect(yield* submit(c)).toEqual({ decision: "proceed", stepId: STEP })
+      expect(server.requests[0]!.head).toContain(`\r\nhost: localhost:${port}\r\n`)
+    }))
+
   it.live("at most `connections` sockets; calls beyond wait their turn and all complete", () =>
     Effect.gen(function*() {
       const held: Array<Net.Socket> = []
