@@ -593,6 +593,10 @@ const resolve = (options: Options | UndiciOptions): Effect.Effect<Resolved, Conf
   if (Redacted.value(secret) === "") return invalid("secret", "must not be empty")
   const stage = options.stage ?? "auto"
   if (!stages.includes(stage)) return invalid("stage", `must be one of ${stages.join(", ")}`)
+  const connections = "connections" in options ? options.connections : undefined
+  if (connections !== undefined && !(Number.isInteger(connections) && connections >= 1)) {
+    return invalid("connections", "must be a whole number of at least 1")
+  }
   return Effect.succeed({
     base: base.success,
     secret,
@@ -645,7 +649,8 @@ export interface UndiciOptions extends Omit<Options, "transformClient"> {
    * releases thousands of parked runs at once opens thousands of sockets, and
    * undici's scan for a free one grows with their number: 10,000 runs released
    * together took over 150 s and missed heartbeats, against 8.4 s and none
-   * with 64. Ignored by {@link makeUndici}, which uses the dispatcher it is given.
+   * with 64. A whole number of at least 1, else a `ConfigError`. Ignored by
+   * {@link makeUndici}, which uses the dispatcher it is given.
    */
   readonly connections?: number | undefined
 }

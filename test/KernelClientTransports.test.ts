@@ -859,17 +859,22 @@ describe.each([
         expect(JSON.stringify(error)).not.toContain(SECRET)
       }))
 
-    it.live("an unusable base URL or empty secret given as options is a ConfigError", () =>
+    it.live("an unusable base URL, empty secret or connection count given as options is a ConfigError", () =>
       Effect.gen(function*() {
         for (
           const options of [
             { baseUrl: "not a url", secret: SECRET },
             { baseUrl: "ftp://127.0.0.1", secret: SECRET },
-            { baseUrl: "http://127.0.0.1:1", secret: "" }
+            { baseUrl: "http://127.0.0.1:1", secret: "" },
+            { baseUrl: "http://127.0.0.1:1", secret: SECRET, connections: 0 },
+            { baseUrl: "http://127.0.0.1:1", secret: SECRET, connections: 1.5 },
+            { baseUrl: "http://127.0.0.1:1", secret: SECRET, connections: Number.NaN }
           ]
         ) {
           const exit = yield* heartbeat.pipe(Effect.provide(plainLayer(options)), Effect.exit)
-          expect(failureOf(exit) instanceof Config.ConfigError).toBe(true)
+          const error = failureOf(exit)
+          expect(error instanceof Config.ConfigError).toBe(true)
+          if ("connections" in options) expect(String(error)).toContain("connections must be a whole number")
         }
       }))
 })
