@@ -146,6 +146,30 @@ const clampLimit = (limit: number, fallback: number, max: number): number =>
   !Number.isFinite(limit) || limit <= 0 ? fallback : limit > max ? max : Math.floor(limit)
 
 /**
+ * A new execution's record: `pending`, created and updated at `now`, due
+ * `deadlineMs` after it when the kernel gives executions a deadline.
+ *
+ * @internal
+ */
+export const pendingRecord = (
+  id: string,
+  from: Pick<ExecutionRecord, "agentId" | "agentVersion" | "inputRaw">,
+  now: number,
+  deadlineMs: number | undefined
+): ExecutionRecord => ({
+  id,
+  agentId: from.agentId,
+  agentVersion: from.agentVersion,
+  inputRaw: from.inputRaw,
+  status: "pending",
+  outputRaw: undefined,
+  failureReason: "",
+  createdAtMs: now,
+  updatedAtMs: now,
+  deadlineAtMs: deadlineMs === undefined ? undefined : now + deadlineMs
+})
+
+/**
  * @since 0.1.0
  * @internal
  */
@@ -177,8 +201,8 @@ export class ExecutionTable {
 
   /**
    * Add an execution with this record (its id not taken yet), as a member of
-   * its session (queued when `pending`) and under its idempotency key; no
-   * events, no dispatch.
+   * its session (queued when `pending`), under its idempotency key and, with a
+   * deadline, among the executions with one; no events, no dispatch.
    */
   add(record: ExecutionRecord): ExecState {
     const id = record.id
@@ -214,6 +238,7 @@ export class ExecutionTable {
       }
     }
     if (record.idempotencyKey !== undefined) this.keys.set(keyOf(record.agentId, record.idempotencyKey), ex)
+    if (record.deadlineAtMs !== undefined) this.deadlines.set(id, ex)
     return ex
   }
 

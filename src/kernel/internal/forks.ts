@@ -19,9 +19,10 @@ import * as StepId from "../../StepId.js"
 import * as Policy from "../Policy.js"
 import type { StepIdentity } from "./eventLog.js"
 import type { CheckpointState, ExecState, OwnPolicy, ResourceState } from "./executions.js"
+import { pendingRecord } from "./executions.js"
 import { goQuote } from "./goQuote.js"
 import * as Lifecycle from "./lifecycle.js"
-import type { ExecutionRecord, ForkRequest, ForkResult, Restoration, StepOverride } from "./model.js"
+import type { ForkRequest, ForkResult, Restoration, StepOverride } from "./model.js"
 import { conflict, KernelFailure, notFound, validation } from "./model.js"
 import * as Payload from "./payloads.js"
 import * as Sessions from "./sessions.js"
@@ -177,20 +178,12 @@ export const fork = (state: CoreState, sourceId: string, r: ForkRequest, now: nu
     .sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))
 
   // 1. the execution
-  const deadlineMs = state.settings.deadlineMs
-  const deadlineAtMs = deadlineMs === undefined ? undefined : now + deadlineMs
-  let record: ExecutionRecord = {
+  let record = pendingRecord(
     id,
-    agentId: source.record.agentId,
-    agentVersion: undefined,
-    inputRaw: source.record.inputRaw,
-    status: "pending",
-    outputRaw: undefined,
-    failureReason: "",
-    createdAtMs: now,
-    updatedAtMs: now,
-    deadlineAtMs
-  }
+    { agentId: source.record.agentId, agentVersion: undefined, inputRaw: source.record.inputRaw },
+    now,
+    state.settings.deadlineMs
+  )
   if (session !== undefined) record = { ...record, session }
   if (source.record.parentExecutionId !== undefined) {
     record = { ...record, parentExecutionId: source.record.parentExecutionId }
@@ -198,13 +191,12 @@ export const fork = (state: CoreState, sourceId: string, r: ForkRequest, now: nu
   record = { ...record, forkedFrom: source.record.id, forkSeq: atSeq }
   const ex = executions.add(record)
   ex.policy = policy
-  if (deadlineAtMs !== undefined) executions.deadlines.set(id, ex)
 
   // 2. its first events
   ex.events.push(
     "execution.created",
     Payload.executionPayload(id, "pending", {
-      deadlineAt: deadlineAtMs === undefined ? undefined : formatTimestamp(deadlineAtMs),
+      deadlineAt: record.deadlineAtMs === undefined ? undefined : formatTimestamp(record.deadlineAtMs),
       session
     }),
     now

@@ -18,6 +18,7 @@
  */
 import { formatTimestamp } from "../../internal/wire/time.js"
 import type { ExecState } from "./executions.js"
+import { pendingRecord } from "./executions.js"
 import { goQuote } from "./goQuote.js"
 import type { ExecutionRecord, Lease, SpawnedBy } from "./model.js"
 import {
@@ -148,20 +149,12 @@ export const create = (state: CoreState, r: CreateRequest, now: number): Executi
   }
   const id = executions.idFor(r.id, now)
   if (id === undefined) return conflict()
-  const deadlineMs = state.settings.deadlineMs
-  const deadlineAtMs = deadlineMs === undefined ? undefined : now + deadlineMs
-  let record: ExecutionRecord = {
+  let record = pendingRecord(
     id,
-    agentId: r.agentId,
-    agentVersion: r.agentVersion,
-    inputRaw: compactRaw(r.inputRaw),
-    status: "pending",
-    outputRaw: undefined,
-    failureReason: "",
-    createdAtMs: now,
-    updatedAtMs: now,
-    deadlineAtMs
-  }
+    { agentId: r.agentId, agentVersion: r.agentVersion, inputRaw: compactRaw(r.inputRaw) },
+    now,
+    state.settings.deadlineMs
+  )
   if (current) {
     if (session !== undefined) record = { ...record, session }
     if (parent !== undefined) record = { ...record, parentExecutionId: parent.record.id }
@@ -173,13 +166,12 @@ export const create = (state: CoreState, r: CreateRequest, now: number): Executi
   const ex = executions.add(record)
   ex.followsHead = session !== undefined && parent === undefined
   if (spawner !== undefined) (spawner.children ??= []).push(ex)
-  const deadlineAt = deadlineAtMs === undefined ? undefined : formatTimestamp(deadlineAtMs)
+  const deadlineAt = record.deadlineAtMs === undefined ? undefined : formatTimestamp(record.deadlineAtMs)
   ex.events.push(
     "execution.created",
     Payload.executionPayload(id, "pending", { deadlineAt, session, spawnedBy: record.spawnedBy }),
     now
   )
-  if (deadlineAtMs !== undefined) executions.deadlines.set(id, ex)
   if (session === undefined) start(state, ex, now)
   else admit(state, session, now)
   return ex.record
