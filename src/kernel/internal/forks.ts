@@ -25,6 +25,7 @@ import * as Lifecycle from "./lifecycle.js"
 import type { ForkRequest, ForkResult, Restoration, StepOverride } from "./model.js"
 import { conflict, KernelFailure, notFound, validation } from "./model.js"
 import * as Payload from "./payloads.js"
+import * as Resources from "./resources.js"
 import * as Sessions from "./sessions.js"
 import type { CoreState } from "./state.js"
 import { StepState } from "./stepState.js"
@@ -282,23 +283,13 @@ export const fork = (state: CoreState, sourceId: string, r: ForkRequest, now: nu
       if (copy.status !== "denied" && copy.resources !== undefined && copy.resources.includes(res.key)) count++
     }
     const checkpointRef = f.checkpoint?.checkpointRef
-    const seq = ex.events.length + 1
-    const created: ResourceState = {
-      key: res.key,
-      driverId: res.driverId,
-      configurationRaw: res.configurationRaw,
-      fingerprint: res.fingerprint,
-      coverageReuse: res.coverageReuse,
-      everySteps: res.everySteps,
-      onCompletion: res.onCompletion,
-      registeredSeq: seq,
+    const created = Resources.redeclared(res, ex.events.length + 1, {
       generation,
       count,
       bindingRaw: undefined,
       bindingCanonical: undefined,
-      checkpointRef,
-      generations: [{ seq, generation }]
-    }
+      checkpointRef
+    })
     ;(ex.resources ??= new Map()).set(res.key, created)
     ex.events.push("resource.initialized", Payload.resourceInitializedPayload(res.key, generation, checkpointRef), now)
     for (const c of source.checkpoints ?? []) {

@@ -492,6 +492,36 @@ export const count = (ex: ExecState, step: StepState): void => {
 // ---------------------------------------------------------------------------
 
 /**
+ * A resource with the declaration of `from` (key, driver, configuration,
+ * coverage reuse, checkpoint policy) registered again at `seq` — in a session
+ * child ({@link inherit}) or a fork — with this generation, step count,
+ * binding and checkpoint.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const redeclared = (
+  from: ResourceState,
+  seq: number,
+  at: Pick<ResourceState, "generation" | "count" | "bindingRaw" | "bindingCanonical" | "checkpointRef">
+): ResourceState => ({
+  key: from.key,
+  driverId: from.driverId,
+  configurationRaw: from.configurationRaw,
+  fingerprint: from.fingerprint,
+  coverageReuse: from.coverageReuse,
+  everySteps: from.everySteps,
+  onCompletion: from.onCompletion,
+  registeredSeq: seq,
+  generation: at.generation,
+  count: at.count,
+  bindingRaw: at.bindingRaw,
+  bindingCanonical: at.bindingCanonical,
+  checkpointRef: at.checkpointRef,
+  generations: [{ seq, generation: at.generation }]
+})
+
+/**
  * A session execution that starts after its parent in the same session (not a
  * fork) inherits the parent's resources: the same driver, configuration,
  * `coverage_reuse`, policy and binding; generation 0, count 0, no checkpoint
@@ -506,23 +536,13 @@ export const inherit = (ex: ExecState, parent: ExecState, now: number): void => 
   const resources = ex.resources ??= new Map()
   for (const p of from.values()) {
     if (resources.has(p.key)) continue
-    const seq = ex.events.length + 1
-    const r: ResourceState = {
-      key: p.key,
-      driverId: p.driverId,
-      configurationRaw: p.configurationRaw,
-      fingerprint: p.fingerprint,
-      coverageReuse: p.coverageReuse,
-      everySteps: p.everySteps,
-      onCompletion: p.onCompletion,
-      registeredSeq: seq,
+    const r = redeclared(p, ex.events.length + 1, {
       generation: 0,
       count: 0,
       bindingRaw: p.bindingRaw,
       bindingCanonical: p.bindingCanonical,
-      checkpointRef: undefined,
-      generations: [{ seq, generation: 0 }]
-    }
+      checkpointRef: undefined
+    })
     resources.set(r.key, r)
     appendRegistered(ex, r, now)
     if (r.bindingRaw !== undefined) ex.events.push("resource.bound", Payload.resourceBoundPayload(r.key, r.bindingRaw), now)
