@@ -25,12 +25,11 @@ import { Effect } from "effect"
 import * as Net from "node:net"
 import * as Tls from "node:tls"
 import type { KernelError } from "../../RebunoError.js"
-import type { Deadline } from "./deadlines.js"
-import { Deadlines } from "./deadlines.js"
+import type { Deadline, Deadlines } from "./deadlines.js"
 import type { BaseUrl, Reply } from "./exchange.js"
-import { timeoutError, timeoutOnClock } from "./exchange.js"
+import { timeoutError } from "./exchange.js"
 import type { Send, WireRequest } from "./transport.js"
-import { failure } from "./transport.js"
+import { failure, withDeadlines } from "./transport.js"
 
 /**
  * How long an idle connection is reused when the server does not say
@@ -80,14 +79,8 @@ export interface SocketTransport {
 export const make = (base: BaseUrl, timeout: Duration.Duration, connections: number): SocketTransport => {
   const pool = new Pool(new URL(base.url), Math.max(1, Math.floor(connections)))
   const prefix = base.pathname
-  let deadlines: Deadlines | undefined
   return {
-    send: (request) =>
-      timeoutOnClock(
-        timeout,
-        exchange(pool, prefix, request, undefined),
-        (millis) => exchange(pool, prefix, request, deadlines ??= new Deadlines(millis, timeout))
-      ),
+    send: withDeadlines(timeout, (request, deadlines) => exchange(pool, prefix, request, deadlines)),
     close: () => pool.close()
   }
 }

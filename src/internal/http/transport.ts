@@ -100,12 +100,28 @@ export const fromDispatcher = (
   timeout: Duration.Duration
 ): Send => {
   const origin = new URL(base.url).origin
+  return withDeadlines(timeout, (request, deadlines) => dispatch(dispatcher, origin, base.pathname, request, deadlines))
+}
+
+/**
+ * A transport from one exchange that fails with the timeout error once its
+ * deadline in `deadlines` (if given) has passed: on Effect's live clock every
+ * request gets a deadline in one {@link Deadlines} list shared by the
+ * transport's requests; under any other clock (`TestClock`) none, and
+ * `timeoutOnClock` applies the timeout in virtual time.
+ *
+ * @internal
+ */
+export const withDeadlines = (
+  timeout: Duration.Duration,
+  exchange: (request: WireRequest, deadlines: Deadlines | undefined) => Effect.Effect<Reply, KernelError>
+): Send => {
   let deadlines: Deadlines | undefined
   return (request) =>
     timeoutOnClock(
       timeout,
-      dispatch(dispatcher, origin, base.pathname, request, undefined),
-      (millis) => dispatch(dispatcher, origin, base.pathname, request, deadlines ??= new Deadlines(millis, timeout))
+      exchange(request, undefined),
+      (millis) => exchange(request, deadlines ??= new Deadlines(millis, timeout))
     )
 }
 
