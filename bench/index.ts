@@ -33,7 +33,9 @@
  *   and the ratio (target ≥ 2, printed for both modes:
  *   `ratio_embedded_to_reference_sequential` and `…_concurrent_8`; the
  *   headline gives `ratio_sequential` and `ratio_concurrent_8`, and
- *   `ratio_ceiling_*`, the floor's steps/s over the reference's), kernel CPU
+ *   `ratio_ceiling_*`, the floor's steps/s over the reference's, and
+ *   `ratio_agent_bound_*`, 10⁶ / the agent's CPU µs per step over the
+ *   reference's steps/s: what no kernel can exceed with this agent), kernel CPU
  *   µs/step from `/proc` (ours: target ≤ 300, both modes), our kernel's CPU
  *   above the floor's (`embedded_kernel_cpu_above_floor_us_per_step_*`),
  *   agent CPU µs/step (target ≤ 250, sequential), and the protocol stage
