@@ -195,21 +195,14 @@ export interface ForkOptions {
 }
 
 /**
- * The scopes of an API key (PROTOCOL-CURRENT C.9.1). Write does not imply
- * read; `api_keys:manage` administers keys.
+ * A scope of an API key (PROTOCOL-CURRENT C.9.1): see
+ * `Protocol.apiKeyScopes`. Write does not imply read; `api_keys:manage`
+ * administers keys.
  *
  * @since 0.2.0
  * @category models
  */
-export type ApiKeyScope =
-  | "executions:read"
-  | "executions:write"
-  | "approvals:read"
-  | "approvals:write"
-  | "agents:read"
-  | "agents:write"
-  | "policies:write"
-  | "api_keys:manage"
+export type ApiKeyScope = Protocol.ApiKeyScope
 
 /** A string member: absent or `null` decodes as `""` (PROTOCOL.md 11.12 leniency). */
 const lenientString = Schema.optionalKey(Schema.NullOr(Schema.String)).pipe(

@@ -19,6 +19,7 @@ import * as Option from "effect/Option"
 import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
 import * as SchemaGetter from "effect/SchemaGetter"
+import type * as Types from "effect/Types"
 
 // ---------------------------------------------------------------------------
 // Member helpers
@@ -641,16 +642,7 @@ export const decodeStepDecision = (u: unknown): StepDecision | undefined => {
   const o = u as Record<string, unknown>
   const decision = o["decision"]
   if (typeof decision !== "string") return undefined
-  const out: {
-    decision: string
-    stepId?: string
-    result?: unknown
-    error?: unknown
-    approvalId?: string
-    reason?: string
-    ruleId?: string
-    resources?: ReadonlyArray<StepResource>
-  } = { decision }
+  const out: Types.Mutable<StepDecision> = { decision }
   const stepId = o["step_id"]
   if (typeof stepId === "string" && stepId !== "") out.stepId = stepId
   if ("result" in o) out.result = o["result"]
@@ -1199,3 +1191,30 @@ export const latestCoveredSeq = (points: ForkPoints): number | undefined => {
   for (let seq = points.latestSeq; seq >= 1; seq--) if (isCovered(points, seq)) return seq
   return undefined
 }
+
+/**
+ * Every scope an API key can hold (PROTOCOL-CURRENT C.9.1), in the
+ * specification's order. Write does not imply read; `api_keys:manage`
+ * administers keys.
+ *
+ * @since 0.2.0
+ * @category constants
+ */
+export const apiKeyScopes = [
+  "executions:read",
+  "executions:write",
+  "approvals:read",
+  "approvals:write",
+  "agents:read",
+  "agents:write",
+  "policies:write",
+  "api_keys:manage"
+] as const
+
+/**
+ * A scope of an API key: one of {@link apiKeyScopes}.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type ApiKeyScope = typeof apiKeyScopes[number]

@@ -30,6 +30,7 @@ import type { DeliveryCause, DeliveryRecorded } from "./internal/delivery.js"
 import { DispatchQueue, snapshot as snapshotDispatch } from "./internal/dispatchQueue.js"
 import { ExecutionTable } from "./internal/executions.js"
 import * as Lifecycle from "./internal/lifecycle.js"
+import type { CreateRequest } from "./internal/lifecycle.js"
 import type {
   AgentMetadata,
   AgentRecord,
@@ -52,7 +53,6 @@ import type {
   ResourceRecord,
   ResourceRegistration,
   Settings,
-  SpawnedBy,
   StepRecord
 } from "./internal/model.js"
 import { defaultSettings, KernelFailure, notFound } from "./internal/model.js"
@@ -74,6 +74,14 @@ export {
    */
   KernelFailure
 } from "./internal/model.js"
+
+export type {
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  CreateRequest
+} from "./internal/lifecycle.js"
 
 export type {
   /**
@@ -333,18 +341,7 @@ export interface KernelCore {
    * stay `pending` until its session is free (C.4.4). The older stages
    * ignore them.
    */
-  readonly createExecution: (r: {
-    readonly agentId: string
-    readonly inputRaw: string | undefined
-    readonly agentVersion: string | undefined
-    readonly id?: string | undefined
-    readonly session?: string | undefined
-    readonly idempotencyKey?: string | undefined
-    /** Canonical lowercase UUID. */
-    readonly parentExecutionId?: string | undefined
-    /** `executionId` canonical lowercase. */
-    readonly spawnedBy?: SpawnedBy | undefined
-  }) => Effect.Effect<ExecutionRecord, KernelFailure>
+  readonly createExecution: (r: CreateRequest) => Effect.Effect<ExecutionRecord, KernelFailure>
   readonly getExecution: (id: string) => Effect.Effect<ExecutionRecord, KernelFailure>
   /** {@link getExecution} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
   readonly unsafeGetExecution: (id: string) => ExecutionRecord | undefined

@@ -73,7 +73,6 @@ export const release = (state: CoreState, ex: ExecState): void => {
  * mean absent.
  *
  * @since 0.2.0
- * @internal
  */
 export interface CreateRequest {
   readonly agentId: string

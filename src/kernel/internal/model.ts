@@ -8,7 +8,8 @@
  * @internal
  */
 import * as Schema from "effect/Schema"
-import type { ApprovalStatus, DecisionKind, ExecutionStatus, StepStatus } from "../../Protocol.js"
+import type { ApiKeyScope, ApprovalStatus, DecisionKind, ExecutionStatus, StepStatus } from "../../Protocol.js"
+import { apiKeyScopes } from "../../Protocol.js"
 import type * as Policy from "../Policy.js"
 
 /**
@@ -149,15 +150,7 @@ export interface AgentRecord {
  * @since 0.2.0
  * @category models
  */
-export type Scope =
-  | "executions:read"
-  | "executions:write"
-  | "approvals:read"
-  | "approvals:write"
-  | "agents:read"
-  | "agents:write"
-  | "policies:write"
-  | "api_keys:manage"
+export type Scope = ApiKeyScope
 
 /**
  * Every {@link Scope} (PROTOCOL-CURRENT C.9.1).
@@ -165,16 +158,7 @@ export type Scope =
  * @since 0.2.0
  * @category constants
  */
-export const scopes: ReadonlyArray<Scope> = [
-  "executions:read",
-  "executions:write",
-  "approvals:read",
-  "approvals:write",
-  "agents:read",
-  "agents:write",
-  "policies:write",
-  "api_keys:manage"
-]
+export const scopes: ReadonlyArray<Scope> = apiKeyScopes
 
 /**
  * A scoped API key (PROTOCOL-CURRENT C.9.2). Only the SHA-256 of its token

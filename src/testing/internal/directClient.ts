@@ -15,6 +15,7 @@
  * @internal
  */
 import { Cause, Clock, Effect, Exit, Option, Redacted, Result, Schema } from "effect"
+import type { Types } from "effect"
 import * as Core from "../../kernel/Core.js"
 import * as Wire from "../../kernel/Wire.js"
 import type { Caller, KernelClient, Lease, StepSubmission } from "../../KernelClient.js"
@@ -151,16 +152,7 @@ const toDecision = (d: Core.Decision): Protocol.StepDecision => {
   ) {
     return d
   }
-  const out: {
-    decision: string
-    stepId?: string
-    result?: unknown
-    error?: unknown
-    approvalId?: string
-    reason?: string
-    ruleId?: string
-    resources?: ReadonlyArray<Protocol.StepResource>
-  } = { decision: d.decision }
+  const out: Types.Mutable<Protocol.StepDecision> = { decision: d.decision }
   if (d.stepId !== undefined) out.stepId = d.stepId
   if (d.resultRaw !== undefined) out.result = parseRaw(d.resultRaw)
   if (d.errorRaw !== undefined) out.error = parseRaw(d.errorRaw)
