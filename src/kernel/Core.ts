@@ -61,6 +61,7 @@ import * as Resources from "./internal/resources.js"
 import type { CoreState } from "./internal/state.js"
 import { isCurrent } from "./internal/state.js"
 import * as Steps from "./internal/steps.js"
+import type { Submission } from "./internal/steps.js"
 
 export {
   /**
@@ -82,6 +83,14 @@ export type {
    */
   CreateRequest
 } from "./internal/lifecycle.js"
+
+export type {
+  /**
+   * @since 0.2.0
+   * @category models
+   */
+  Submission
+} from "./internal/steps.js"
 
 export type {
   /**
@@ -426,13 +435,7 @@ export interface KernelCore {
   readonly submitStep: (
     executionId: string,
     lease: Lease,
-    s: {
-      readonly kind: string
-      readonly target: string
-      readonly argsRaw: string | undefined
-      readonly idempotency: string
-      readonly resources?: ReadonlyArray<string> | undefined
-    }
+    s: Submission
   ) => Effect.Effect<Decision, KernelFailure>
   /**
    * PROTOCOL 6.4. In the current stage the `captures` sent with the outcome
@@ -466,13 +469,7 @@ export interface KernelCore {
     now: number,
     executionId: string,
     lease: Lease,
-    s: {
-      readonly kind: string
-      readonly target: string
-      readonly argsRaw: string | undefined
-      readonly idempotency: string
-      readonly resources?: ReadonlyArray<string> | undefined
-    }
+    s: Submission
   ) => Decision | KernelFailure
   /** {@link completeStep} (`succeeded`) or {@link failStep} (`failed`) as a plain function of the current time. */
   readonly unsafeSettleStep: (

@@ -41,7 +41,6 @@ import * as Usage from "./usage.js"
  * of `args` (absent = `undefined`).
  *
  * @since 0.1.0
- * @internal
  */
 export interface Submission {
   readonly kind: string
