@@ -226,7 +226,9 @@ export const make = <
   build(name, options)
 
 /**
- * The options of {@link wrap}.
+ * The options of {@link wrap}: those of {@link make} but `execute` (the
+ * Promise-returning function is `wrap`'s own argument); `retry` retries
+ * rejected calls, each attempt recorded.
  *
  * @since 0.1.0
  * @category models
@@ -235,21 +237,7 @@ export interface WrapOptions<
   Args extends Schema.Top,
   Success extends Schema.Top,
   Failure extends Schema.Top
-> {
-  readonly args: Args
-  readonly success: Success
-  readonly failure?: Failure | undefined
-  readonly idempotency?: Idempotency | undefined
-  readonly description?: string | undefined
-  /** @since 0.2.0 */
-  readonly resources?: ReadonlyArray<Resource.Any | string> | undefined
-  /**
-   * Retry rejected calls on this schedule, each attempt recorded (see {@link Options.retry}).
-   *
-   * @since 0.2.0
-   */
-  readonly retry?: Schedule.Schedule<unknown, ToolError | Failure["Type"]> | undefined
-}
+> extends Omit<Options<Args, Success, Failure, never>, "execute"> {}
 
 /**
  * Define a tool from a Promise-returning function. A rejection is recorded with
