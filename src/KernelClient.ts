@@ -207,8 +207,10 @@ export declare namespace KernelClient {
     /**
      * Learn the kernel's stage from a verified webhook (PROTOCOL-CURRENT
      * C.13): under `"auto"`, a webhook without `dispatch_attempt` comes from a
-     * v0.14.0 kernel, and the client signs `sha256=` from then on. The
-     * dispatch runtime calls it for every webhook whose signature verifies.
+     * v0.14.0 kernel, and the client signs `sha256=` from then on — unless a
+     * `v1=`-signed request has already got through (a current kernel always
+     * sends the attempt, so such a notice proves nothing). The dispatch
+     * runtime calls it for every webhook whose signature verifies.
      *
      * @since 0.2.0
      */
@@ -731,6 +733,12 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
   const basePath = base.pathname
   /** The scheme in use; under `"auto"` it changes when an older kernel shows itself (C.13). */
   let scheme: SigningScheme = resolved.scheme
+  /**
+   * Whether a `v1=`-signed request got an answer other than `401`: the kernel
+   * is then a current one, and a webhook without `dispatch_attempt` (which a
+   * current kernel never sends) is no evidence of an older one.
+   */
+  let v1Accepted = false
 
   const switchTo = (next: SigningScheme, evidence: string): Effect.Effect<void> =>
     Effect.suspend(() => {
@@ -859,8 +867,14 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
         : transport(request)
       return Effect.flatMap(
         sent,
-        (reply): Effect.Effect<A, KernelError | E> =>
-          reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
+        (reply): Effect.Effect<A, KernelError | E> => {
+          if (reply.status < 300) {
+            if (using === "v1") v1Accepted = true
+            return onSuccess(reply)
+          }
+          if (using === "v1" && reply.status !== 401) v1Accepted = true
+          return onFailure(Http.apiFailure(reply))
+        }
       )
     })
 
@@ -987,7 +1001,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
     secret,
     signingScheme: Effect.sync(() => scheme),
     observeWebhook: (notice) =>
-      detect && notice.dispatchAttempt === undefined ?
+      detect && !v1Accepted && notice.dispatchAttempt === undefined ?
         switchTo("sha256", "a webhook without dispatch_attempt") :
         Effect.void,
     getExecution: (caller, executionId) =>

@@ -91,6 +91,17 @@ const orAbsent = <S extends Schema.Top>(schema: S, keep: (a: S["Type"]) => boole
     })
   )
 
+/** Absent decodes as `undefined`; a present value (`null` too) must match `schema`. */
+const absentOr = <S extends Schema.Top>(schema: S) =>
+  Schema.optionalKey(schema).pipe(
+    Schema.decodeTo(Schema.UndefinedOr(Schema.toType(schema)), {
+      decode: SchemaGetter.transformOptional((o: Option.Option<S["Type"]>) => Option.some(Option.getOrUndefined(o))),
+      encode: SchemaGetter.transformOptional((o: Option.Option<S["Type"] | undefined>) =>
+        Option.filter(o, Predicate.isNotUndefined)
+      )
+    })
+  )
+
 /** A member that decodes as `undefined` unless it is present and passes `check`. */
 const orUndefined = <S extends Schema.Top>(schema: S, check: (u: unknown) => u is S["Type"]) =>
   Schema.optionalKey(Schema.Unknown).pipe(
@@ -186,7 +197,7 @@ const positiveNumber = (u: unknown): u is number => typeof u === "number" && Num
 /**
  * The webhook body the kernel POSTs to the agent (PROTOCOL.md 5.5, 14.2 step 2):
  * non-empty `execution_id` and `dispatch_id`, an optional positive integer
- * `dispatch_attempt` and an optional `lease_timeout_seconds` (a non-positive or
+ * `dispatch_attempt` (absent, not `null`) and an optional `lease_timeout_seconds` (a non-positive or
  * non-number value counts as absent). `dispatchAttempt` and
  * `leaseTimeoutSeconds` are `undefined` on v0.14.0 kernels (17.A).
  *
@@ -196,7 +207,7 @@ const positiveNumber = (u: unknown): u is number => typeof u === "number" && Num
 export const WebhookNotice = Schema.Struct({
   executionId: Schema.NonEmptyString,
   dispatchId: Schema.NonEmptyString,
-  dispatchAttempt: orAbsent(Schema.Int.check(Schema.isGreaterThan(0))),
+  dispatchAttempt: absentOr(Schema.Int.check(Schema.isGreaterThan(0))),
   leaseTimeoutSeconds: orUndefined(Schema.Number, positiveNumber)
 }).pipe(Schema.encodeKeys({
   executionId: "execution_id",
@@ -236,7 +247,8 @@ export const decodeWebhookNotice = (text: string): WebhookNotice | undefined => 
   if (typeof dispatchId !== "string" || dispatchId === "") return undefined
   const attempt = o["dispatch_attempt"]
   let dispatchAttempt: number | undefined
-  if (attempt !== undefined && attempt !== null) {
+  // Absent or a positive integer (14.2 step 2): `null` is neither.
+  if (attempt !== undefined) {
     if (!positiveInt(attempt)) return undefined
     dispatchAttempt = attempt
   }

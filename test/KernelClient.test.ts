@@ -1123,6 +1123,16 @@ describe("KernelClient, stage auto: detecting an older kernel (C.13)", () => {
         yield* client.heartbeat({ agentId: "hello", lease: { dispatchId: DISPATCH, attempt: undefined } }, EXEC)
         expect(requests[0]!.headers["rebuno-signature"]).toBe(EMPTY_SIGNATURE)
       }), { secret: SECRET }))
+
+  it.effect("once a v1= request got through, a webhook without dispatch_attempt changes nothing (a current kernel sent none)", () =>
+    withCurrent(() => noContent(), (client, requests) =>
+      Effect.gen(function*() {
+        yield* client.heartbeat(caller, EXEC)
+        yield* client.observeWebhook!({ executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined })
+        expect(yield* client.signingScheme!).toBe("v1")
+        yield* client.heartbeat(caller, EXEC)
+        expect(requests.map((r) => r.headers["rebuno-signature"]!.split("=")[0])).toEqual(["v1", "v1"])
+      }), { secret: SECRET }))
 })
 
 describe("KernelClient layers: REBUNO_STAGE", () => {

@@ -35,7 +35,7 @@ describe("WebhookNotice", () => {
       { executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined }
     ],
     [
-      `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":null,"lease_timeout_seconds":-3}`,
+      `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","lease_timeout_seconds":-3}`,
       { executionId: EXEC, dispatchId: DISPATCH, dispatchAttempt: undefined, leaseTimeoutSeconds: undefined }
     ]
   ]
@@ -53,7 +53,9 @@ describe("WebhookNotice", () => {
     `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":0}`,
     `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":-1}`,
     `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":1.5}`,
-    `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":"1"}`
+    `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":"1"}`,
+    // 14.2 step 2: absent or a positive integer; `null` is neither
+    `{"execution_id":"${EXEC}","dispatch_id":"${DISPATCH}","dispatch_attempt":null}`
   ]
 
   it.each(accepted)("accepts %s", (text, expected) => {
