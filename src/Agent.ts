@@ -798,9 +798,12 @@ export const toHttpApp = <In, A, E, R>(
 
 /**
  * The largest webhook body the HTTP adapters read: 1 MiB (a webhook is about
- * 200 bytes). A larger body is answered `413` with an empty body and is never
- * buffered whole, so an unauthenticated client cannot make the agent hold
- * arbitrary amounts of memory before the signature check.
+ * 200 bytes). A larger body cannot be verified, so it is answered `401` with
+ * an empty body like every webhook that fails verification (PROTOCOL 3.5; the
+ * kernel answers its own over-cap agent requests the same way, 2.4), logged
+ * as `body_too_large`, and never buffered whole: an unauthenticated client
+ * cannot make the agent hold arbitrary amounts of memory before the signature
+ * check.
  *
  * @since 0.1.0
  * @category http
@@ -848,7 +851,7 @@ const bodiless = (status: number): HttpServerResponse.HttpServerResponse =>
 const NO_BODY = Headers.fromInput({ "content-length": "0" })
 
 /**
- * The `413` of a declared oversized body, which is left unread: bodiless and
+ * The `401` of a declared oversized body, which is left unread: bodiless and
  * framed by `Content-Length: 0` like every answer, but carried as an empty
  * stream. On Node, `@effect/platform-node` 4 adds `connection: close` to a
  * bodiless answer that leaves more than 256 KiB of the request body unread; a
@@ -857,7 +860,7 @@ const NO_BODY = Headers.fromInput({ "content-length": "0" })
  */
 const tooLargeUnread = (): HttpServerResponse.HttpServerResponse =>
   HttpServerResponse.setBody(
-    bodiless(413),
+    bodiless(401),
     new HttpBody.Stream(Stream.empty, undefined as unknown as string, 0)
   )
 
@@ -905,11 +908,11 @@ const httpAppFor = (rt: AgentRuntime): HttpApp =>
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
     if (declaredTooLarge(request.headers["content-length"])) {
-      yield* logRejected(rt.agentId, 413, "body_too_large", tooLargeWhy)
+      yield* logRejected(rt.agentId, 401, "body_too_large", tooLargeWhy)
       return tooLargeUnread()
     }
     const body = yield* readCapped(request.stream)
-    if (body === "tooLarge") return bodiless(yield* logRejected(rt.agentId, 413, "body_too_large", tooLargeWhy))
+    if (body === "tooLarge") return bodiless(yield* logRejected(rt.agentId, 401, "body_too_large", tooLargeWhy))
     if (body === "unreadable") {
       return bodiless(yield* logRejected(rt.agentId, 401, "unreadable_body", "the body could not be read"))
     }
@@ -1069,7 +1072,7 @@ export const toWebHandler = <In, A, E, R, LE>(
   const handler = (request: Request): Promise<Response> => {
     if (declaredTooLarge(request.headers.get("content-length"))) {
       const cancelled = request.body === null ? Promise.resolve() : request.body.cancel().catch(() => undefined)
-      return cancelled.then(() => rejected(413, "body_too_large", tooLargeWhy))
+      return cancelled.then(() => rejected(401, "body_too_large", tooLargeWhy))
     }
     const read = request.body === null
       ? Promise.resolve<Uint8Array | "tooLarge" | "unreadable">(new Uint8Array(0))
@@ -1080,7 +1083,7 @@ export const toWebHandler = <In, A, E, R, LE>(
       })))
     return read.then((body) =>
       body === "tooLarge"
-        ? rejected(413, "body_too_large", tooLargeWhy)
+        ? rejected(401, "body_too_large", tooLargeWhy)
         : body === "unreadable"
         ? rejected(401, "unreadable_body", "the body could not be read")
         : managed.runPromise(

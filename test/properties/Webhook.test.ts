@@ -11,7 +11,7 @@
  * - a correctly signed body that is not an acceptable notice (14.2 step 2) is
  *   `400`, and nothing else happens;
  * - anything else is `200` (a new run or a duplicate); over HTTP, a body over
- *   `Agent.maxWebhookBodyBytes` is `413` before any of this;
+ *   `Agent.maxWebhookBodyBytes` is `401` before any of this;
  * - each delivery completes without clock time passing, never dies, and the
  *   receiver keeps working afterwards.
  */
@@ -102,7 +102,7 @@ describe("property: bad webhooks to the agent", () => {
             if (Exit.isFailure(exit)) return yield* Effect.die(new Error(`${d.description}: handler did not answer`))
             const response = exit.value
             // The HTTP adapters refuse bodies over the cap before anything else.
-            const expected = d.bytes.length > Agent.maxWebhookBodyBytes ? 413 : d.expected
+            const expected = d.bytes.length > Agent.maxWebhookBodyBytes ? 401 : d.expected
             if (response.status !== expected) {
               return yield* Effect.die(new Error(`${d.description}: got ${response.status}, expected ${expected}`))
             }

@@ -1,8 +1,9 @@
 /**
  * The agent's webhook receivers cap the body they read (`Agent.maxWebhookBodyBytes`,
  * 1 MiB; a webhook is about 200 bytes): a larger body — declared in
- * `Content-Length` or only found while streaming — is answered `413` with an
- * empty body, before any signature work, and the handler never runs. A body
+ * `Content-Length` or only found while streaming — cannot be verified, so it
+ * is answered `401` with an empty body (PROTOCOL 3.5) before any signature
+ * work, even when its signature is right, and the handler never runs. A body
  * at the cap is read and judged as usual. Covered for `Agent.toWebHandler` and
  * `Agent.toHttpApp` here, and for `Agent.serve` over a socket in
  * test/properties/Socket.test.ts.
@@ -64,7 +65,7 @@ describe("webhook body cap", () => {
     expect(CAP).toBe(1024 * 1024)
   })
 
-  it.effect("toWebHandler: 413 over the cap (declared or streamed), judged as usual at the cap", () =>
+  it.effect("toWebHandler: 401 over the cap (declared or streamed), judged as usual at the cap", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const web = Agent.toWebHandler(agent, Layer.merge(kernel.layer, TestLogs.layer))
@@ -74,13 +75,13 @@ describe("webhook body cap", () => {
       const over = padded(CAP + 1)
       const overSignature = yield* Signature.sign(SECRET, over)
       const declared = yield* call(webRequest(over, { "rebuno-signature": overSignature, "content-length": String(over.length) }))
-      expect(declared.status).toBe(413)
+      expect(declared.status).toBe(401)
       expect(yield* Effect.promise(() => declared.text())).toBe("")
       // A lying Content-Length does not matter: counted while reading.
       const lying = yield* call(webRequest(streamed(over), { "rebuno-signature": overSignature }))
-      expect(lying.status).toBe(413)
+      expect(lying.status).toBe(401)
       const huge = yield* call(webRequest(streamed(new Uint8Array(20 * CAP)), { "rebuno-signature": "sha256=00" }))
-      expect(huge.status).toBe(413)
+      expect(huge.status).toBe(401)
 
       // At the cap: read, verified and accepted.
       const atCap = padded(CAP)
@@ -92,7 +93,7 @@ describe("webhook body cap", () => {
       expect(yield* reads(kernel.calls, 1)).toBe(1)
     }))
 
-  it.effect("toHttpApp: 413 over the cap (declared or streamed)", () =>
+  it.effect("toHttpApp: 401 over the cap (declared or streamed)", () =>
     Effect.gen(function*() {
       const kernel = stubKernel(SECRET)
       const app = yield* Agent.toHttpApp(agent).pipe(Effect.provide(kernel.layer))
@@ -102,8 +103,8 @@ describe("webhook body cap", () => {
       const over = padded(CAP + 1)
       const signature = yield* Signature.sign(SECRET, over)
       expect((yield* call(webRequest(over, { "rebuno-signature": signature, "content-length": String(over.length) }))).status)
-        .toBe(413)
-      expect((yield* call(webRequest(streamed(over), { "rebuno-signature": signature }))).status).toBe(413)
+        .toBe(401)
+      expect((yield* call(webRequest(streamed(over), { "rebuno-signature": signature }))).status).toBe(401)
       const atCap = padded(CAP)
       expect((yield* call(webRequest(streamed(atCap), { "rebuno-signature": yield* Signature.sign(SECRET, atCap) }))).status)
         .toBe(200)

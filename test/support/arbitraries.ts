@@ -1572,8 +1572,8 @@ export const acceptable = (bytes: Uint8Array): boolean => {
   const nonEmpty = (v: unknown) => typeof v === "string" && v !== ""
   if (!nonEmpty(o["execution_id"]) || !nonEmpty(o["dispatch_id"])) return false
   const attempt = o["dispatch_attempt"]
-  // Absent (v0.14.0) or a positive integer; the SDK also reads `null` as absent.
-  if (attempt === undefined || attempt === null) return true
+  // Absent (v0.14.0) or a positive integer; `null` is neither (14.2 step 2).
+  if (attempt === undefined) return true
   return typeof attempt === "number" && Number.isInteger(attempt) && attempt > 0
 }
 
