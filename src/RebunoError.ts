@@ -332,7 +332,7 @@ export const KernelErrorReason: Schema.Union<[typeof TransportError, typeof Stat
  *
  * const program = Effect.gen(function*() {
  *   const client = yield* Client.Client
- *   return yield* client.getExecution("missing")
+ *   return yield* client.get("missing")
  * }).pipe(
  *   Effect.catchReason("KernelError", "StatusError", (e) =>
  *     e.status === 404 ? Effect.succeed(undefined) : Effect.fail(e))

@@ -290,7 +290,7 @@ export const presenter: CliOutput.Presenter = {
  * @category running
  */
 export const run = (argv: ReadonlyArray<string>) =>
-  Command.runWith(command, { version: "0.1.0" })(argv.slice(2)).pipe(
+  Command.runWith(command, { version: "0.2.0" })(argv.slice(2)).pipe(
     Effect.provideService(CliOutput.Presenter, presenter)
   )
 

@@ -384,6 +384,14 @@ describe("CLI", () => {
       )
     }), 60_000)
 
+  it.live("--version prints the package's version", () =>
+    Effect.gen(function*() {
+      const pkg = JSON.parse(Fs.readFileSync(Path.join(repoRoot, "package.json"), "utf8")) as { version: string }
+      const cli = yield* scopedCli(["--version"])
+      expect(yield* Effect.promise(() => cli.exited)).toBe(0)
+      expect(cli.output().stdout.trim()).toContain(pkg.version)
+    }), 60_000)
+
   it.live("start-up errors exit non-zero with the message", () =>
     Effect.gen(function*() {
       const dir = yield* tempDir
