@@ -155,6 +155,15 @@ export interface Agent<In, A, E, R, S = any> {
  *
  * @example
  * ```ts
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ *
+ * const search = Tool.make("search", {
+ *   args: Schema.Struct({ query: Schema.String }),
+ *   success: Schema.Array(Schema.String),
+ *   execute: ({ query }) => Effect.succeed([`result for ${query}`])
+ * })
+ *
  * const researcher = Agent.make({
  *   id: "researcher",
  *   description: "Searches the web for a prompt",
@@ -976,8 +985,22 @@ export const layer = <In, A, E, R>(
  *
  * @example
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Schema } from "effect"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
+ * // POST /webhook on 0.0.0.0:5000; the kernel client from REBUNO_URL and REBUNO_AGENT_SECRET
  * Agent.serve(researcher, { port: 5000 }).pipe(
- *   Layer.provide(KernelClient.layerSocketConfig()), Layer.launch, NodeRuntime.runMain)
+ *   Layer.provide(KernelClient.layerSocketConfig()),
+ *   Layer.launch,
+ *   NodeRuntime.runMain
+ * )
  * ```
  *
  * @since 0.1.0
@@ -1024,9 +1047,22 @@ export const serveFromEnv: Config.Config<ServeSettings> = Config.all({
  *
  * @example
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Schema } from "effect"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
  * // AGENT_PORT=5001 AGENT_HOST=127.0.0.1 npx tsx agent.ts
  * Agent.serveConfig(researcher).pipe(
- *   Layer.provide(KernelClient.layerSocketConfig()), Layer.launch, NodeRuntime.runMain)
+ *   Layer.provide(KernelClient.layerSocketConfig()),
+ *   Layer.launch,
+ *   NodeRuntime.runMain
+ * )
  * ```
  *
  * @since 0.2.0

@@ -284,8 +284,28 @@ export const makeWith = <D extends Denials>(options: Options<D>) =>
  *
  * @example
  * ```ts
- * const response = yield* LanguageModel.generateText({ prompt, toolkit })
- * prompt = Prompt.concat(prompt, Prompt.fromResponseParts(AiToolkit.inCallOrder(response.content)))
+ * import { Effect, Schema } from "effect"
+ * import { LanguageModel, Prompt } from "effect/ai"
+ * import { AiToolkit, Tool } from "effect-rebuno"
+ *
+ * const search = Tool.make("search", {
+ *   description: "Search the web.",
+ *   args: Schema.Struct({ query: Schema.String }),
+ *   success: Schema.Array(Schema.String),
+ *   execute: ({ query }) => Effect.succeed([`result for ${query}`])
+ * })
+ *
+ * const { layer, toolkit } = AiToolkit.make(search)
+ *
+ * const answer = (question: string) =>
+ *   Effect.gen(function*() {
+ *     let prompt = Prompt.make(question)
+ *     while (true) {
+ *       const response = yield* LanguageModel.generateText({ prompt, toolkit })
+ *       prompt = Prompt.concat(prompt, Prompt.fromResponseParts(AiToolkit.inCallOrder(response.content)))
+ *       if (response.finishReason !== "tool-calls") return response.text
+ *     }
+ *   }).pipe(Effect.provide(layer))
  * ```
  *
  * @since 0.2.0

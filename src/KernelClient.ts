@@ -465,13 +465,26 @@ export const isTransportFailure: (error: unknown) => boolean = Http.isTransportF
  *
  * @example
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Schema } from "effect"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
  * // Retry every 0.5–2 s, for at most 30 s, whatever the lease allows.
  * Agent.serve(researcher, { port: 5000 }).pipe(
+ *   Layer.provide(KernelClient.layerSocketConfig()),
  *   Layer.provide(Layer.succeed(KernelClient.OutcomeRetry, {
  *     baseDelay: "500 millis",
  *     maxDelay: "2 seconds",
  *     maxElapsed: "30 seconds"
- *   }))
+ *   })),
+ *   Layer.launch,
+ *   NodeRuntime.runMain
  * )
  * ```
  *
@@ -1237,7 +1250,12 @@ export const layer = (options: Options): Layer.Layer<KernelClient, Config.Config
  *
  * @example
  * ```ts
- * KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
+ * import { NodeHttpClient } from "@effect/platform-node"
+ * import { Layer } from "effect"
+ * import { KernelClient } from "effect-rebuno"
+ *
+ * // REBUNO_URL, REBUNO_AGENT_SECRET and REBUNO_STAGE (optional)
+ * const KernelClientLive = KernelClient.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))
  * ```
  *
  * @since 0.1.0
@@ -1289,8 +1307,21 @@ const secretConfig: Config.Config<Redacted.Redacted<string>> = Config.schema(
  *
  * @example
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Redacted, Schema } from "effect"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
  * Agent.serve(researcher, { port: 5000 }).pipe(
- *   Layer.provide(KernelClient.layerUndici({ baseUrl: "http://localhost:8080", secret })),
+ *   Layer.provide(KernelClient.layerUndici({
+ *     baseUrl: "http://localhost:8080",
+ *     secret: Redacted.make("hello-secret") // the agent's secret in the kernel's manifest
+ *   })),
  *   Layer.launch,
  *   NodeRuntime.runMain
  * )
@@ -1325,8 +1356,21 @@ export const layerUndiciConfig = (
  *
  * @example
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Redacted, Schema } from "effect"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
  * Agent.serve(researcher, { port: 5000 }).pipe(
- *   Layer.provide(KernelClient.layerSocket({ baseUrl: "http://localhost:8080", secret })),
+ *   Layer.provide(KernelClient.layerSocket({
+ *     baseUrl: "http://localhost:8080",
+ *     secret: Redacted.make("hello-secret") // the agent's secret in the kernel's manifest
+ *   })),
  *   Layer.launch,
  *   NodeRuntime.runMain
  * )

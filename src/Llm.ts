@@ -80,15 +80,23 @@ export type Refusal = Blocked | Terminated | LeaseSuperseded | PolicyError | Rat
  *
  * @example
  * ```ts
- * const handler = ({ prompt }: { prompt: string }) =>
- *   Effect.gen(function*() {
- *     const fetch = yield* Llm.makeFetch()
- *     const openai = new OpenAI({ apiKey, fetch })
- *     const completion = yield* Effect.tryPromise(() =>
- *       openai.chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: prompt }] })
- *     ).pipe(Llm.liftRefusals)
- *     return completion.choices[0]?.message.content ?? ""
- *   })
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Llm } from "effect-rebuno"
+ * import OpenAI from "openai"
+ *
+ * const assistant = Agent.make({
+ *   id: "assistant",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) =>
+ *     Effect.gen(function*() {
+ *       const fetch = yield* Llm.makeFetch() // built in the handler: it records this run's calls
+ *       const openai = new OpenAI({ fetch }) // the API key from OPENAI_API_KEY
+ *       const completion = yield* Effect.tryPromise(() =>
+ *         openai.chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: prompt }] })
+ *       ).pipe(Llm.liftRefusals)
+ *       return completion.choices[0]?.message.content ?? ""
+ *     })
+ * })
  * ```
  *
  * @since 0.1.0
@@ -131,7 +139,15 @@ export const makeFetchOptional = (options?: FetchOptions): Effect.Effect<Fetch> 
  *
  * @example
  * ```ts
- * const provider = (yield* HttpClient.HttpClient).pipe(Llm.transformClient, HttpClient.filterStatusOk)
+ * import { Effect } from "effect"
+ * import { HttpClient } from "effect/http"
+ * import { Llm } from "effect-rebuno"
+ *
+ * // the provider's client: its requests inside a run are llm_call steps
+ * const makeProvider = Effect.gen(function*() {
+ *   const provider = (yield* HttpClient.HttpClient).pipe(Llm.transformClient, HttpClient.filterStatusOk)
+ *   return provider
+ * })
  * ```
  *
  * @since 0.1.0
@@ -174,9 +190,15 @@ export const decodeRefusal = (error: unknown): Option.Option<Refusal> =>
  *
  * @example
  * ```ts
- * Effect.tryPromise(() => openai.chat.completions.create(request)).pipe(
- *   Effect.tapError(Llm.raiseForRefusal)
- * )
+ * import { Effect } from "effect"
+ * import { Llm } from "effect-rebuno"
+ * import type OpenAI from "openai"
+ *
+ * // `openai` made with `fetch: yield* Llm.makeFetch()` in the handler
+ * const complete = (openai: OpenAI, request: OpenAI.Chat.ChatCompletionCreateParamsNonStreaming) =>
+ *   Effect.tryPromise(() => openai.chat.completions.create(request)).pipe(
+ *     Effect.tapError(Llm.raiseForRefusal) // a refusal fails with PolicyError, RateLimited, Blocked…
+ *   )
  * ```
  *
  * @since 0.1.0
@@ -201,10 +223,17 @@ export const raiseForRefusal = (error: unknown): Effect.Effect<void, Refusal> =>
  *
  * @example
  * ```ts
- * const completion = yield* Effect.tryPromise(() => openai.chat.completions.create(request)).pipe(
- *   Llm.liftRefusals,
- *   Effect.catchTag("PolicyError", (e) => Effect.succeed(`denied: ${e.reason}`))
- * )
+ * import { Effect } from "effect"
+ * import { Llm } from "effect-rebuno"
+ * import type OpenAI from "openai"
+ *
+ * // `openai` made with `fetch: yield* Llm.makeFetch()` in the handler
+ * const answer = (openai: OpenAI, request: OpenAI.Chat.ChatCompletionCreateParamsNonStreaming) =>
+ *   Effect.tryPromise(() => openai.chat.completions.create(request)).pipe(
+ *     Llm.liftRefusals,
+ *     Effect.map((completion) => completion.choices[0]?.message.content ?? ""),
+ *     Effect.catchTag("PolicyError", (e) => Effect.succeed(`denied: ${e.reason}`))
+ *   )
  * ```
  *
  * @since 0.1.0

@@ -138,8 +138,10 @@ export interface WrapOptions<E, R> extends Options {
  *
  * @example
  * ```ts
+ * import { Mcp } from "effect-rebuno"
+ *
  * Mcp.toResult({ content: [{ type: "text", text: "a" }, { type: "text", text: "b" }] }) // "a\nb"
- * Mcp.toResult({ content: [], structuredContent: { n: 1 } })                           // { n: 1 }
+ * Mcp.toResult({ content: [], structuredContent: { n: 1 } }) // { n: 1 }
  * ```
  *
  * @since 0.2.0
@@ -209,11 +211,24 @@ const inputSchemaOf = (descriptor: Descriptor): JsonSchema.JsonSchema =>
  *
  * @example
  * ```ts
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Mcp } from "effect-rebuno"
+ *
+ * // a client of another MCP SDK, e.g. the `Client` of @modelcontextprotocol/sdk
+ * declare const sdkClient: {
+ *   callTool(request: { name: string; arguments?: Record<string, unknown> }): Promise<unknown>
+ * }
+ *
  * const echo = Mcp.wrap({ name: "echo", inputSchema: { type: "object" } }, {
  *   prefix: "demo",
  *   call: (name, args) => Effect.tryPromise(() => sdkClient.callTool({ name, arguments: args }))
  * })
- * const text = yield* echo({ message: "hi" }) // step target "demo_echo"
+ *
+ * const echoer = Agent.make({
+ *   id: "echoer",
+ *   input: Schema.Struct({ message: Schema.String }),
+ *   handler: ({ message }) => echo({ message }) // a tool_call step, target "demo_echo"
+ * })
  * ```
  *
  * @since 0.2.0

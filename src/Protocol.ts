@@ -1104,9 +1104,18 @@ export type Restoration = Schema.Schema.Type<typeof Restoration>
  *
  * @example
  * ```ts
- * const fork = yield* client.fork(executionId, { atSeq: 12 })
- * const workspace = Protocol.decodeRestoration(fork.restoration)["workspace"]
- * // { checkpointRef: "…", checkpointSeq: 9, covered: true }
+ * import { NodeHttpClient } from "@effect/platform-node"
+ * import { Effect, Layer } from "effect"
+ * import { Client, Protocol } from "effect-rebuno"
+ *
+ * // Fork an execution at seq 12 and see where its workspace starts from.
+ * const restoredWorkspace = (executionId: string) =>
+ *   Effect.gen(function*() {
+ *     const client = yield* Client.Client
+ *     const fork = yield* client.fork(executionId, { atSeq: 12 })
+ *     return Protocol.decodeRestoration(fork.restoration)["workspace"]
+ *     // { checkpointRef: "…", checkpointSeq: 9, covered: true }
+ *   }).pipe(Effect.provide(Client.layerConfig().pipe(Layer.provide(NodeHttpClient.layerUndici))))
  * ```
  *
  * @since 0.2.0

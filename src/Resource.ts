@@ -204,9 +204,18 @@ const ResourceProto = {
  *
  * @example
  * ```ts
+ * import { Effect } from "effect"
+ * import { Agent, LocalDirectory, Resource } from "effect-rebuno"
+ *
  * const workspace = Resource.make("workspace", {
  *   driver: LocalDirectory.LocalDirectory,
  *   checkpoints: { everySteps: 2, onCompletion: true }
+ * })
+ *
+ * const scribe = Agent.make({
+ *   id: "scribe",
+ *   resources: [workspace],
+ *   handler: () => Effect.map(workspace.handle, ({ directory }) => ({ directory }))
  * })
  * ```
  *

@@ -238,7 +238,16 @@ export const timingSafeEqual = (a: string, b: string): boolean => {
  * `sha256=` + lowercase hex HMAC-SHA256(secret, body bytes).
  *
  * @example
- * sign("hello-secret", "") // "sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703"
+ * ```ts
+ * import { Console, Effect } from "effect"
+ * import { Signature } from "effect-rebuno"
+ *
+ * const program = Effect.gen(function*() {
+ *   const header = yield* Signature.sign("hello-secret", "")
+ *   yield* Console.log(header) // sha256=1da6af7253b037edb9d9bd6b9618bd15b98c72a795629e4aa38ecfc138c71703
+ *   yield* Console.log(yield* Signature.verify("hello-secret", "", header)) // true
+ * })
+ * ```
  *
  * @since 0.1.0
  * @category signing

@@ -88,6 +88,15 @@ export interface Options<A, E, R, I = A, RS = never, F = never, FI = never, RF =
  *
  * @example
  * ```ts
+ * import { Effect, Schema } from "effect"
+ * import { Step } from "effect-rebuno"
+ *
+ * // a payment provider's client that deduplicates requests by idempotency key
+ * const payments = {
+ *   charge: (amount: number, options: { readonly idempotencyKey: string }) =>
+ *     Effect.succeed({ id: `ch_${options.idempotencyKey.slice(0, 12)}`, amount })
+ * }
+ *
  * const charge = Step.make({
  *   kind: "tool_call",
  *   target: "charge",
@@ -189,7 +198,13 @@ const runImpl = <A, E, R, I, RS, F, FI, RF>(
  *
  * @example
  * ```ts
- * const pick = Step.run("pick-region", Effect.sync(() => regions[Math.floor(Math.random() * 3)]), {
+ * import { Effect, Schema } from "effect"
+ * import { Step } from "effect-rebuno"
+ *
+ * const regions = ["eu-west-1", "us-east-1", "ap-south-1"]
+ *
+ * // random the first time, the recorded region on every replay
+ * const pick = Step.run("pick-region", Effect.sync(() => regions[Math.floor(Math.random() * regions.length)]), {
  *   success: Schema.String
  * })
  * ```

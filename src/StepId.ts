@@ -40,7 +40,11 @@ export interface Fields {
  * returned unchanged (the kernel only canonicalises text that already parsed).
  *
  * @example
- * canonicalJson(`{"query": "hello world", "limit": 10}`) // `{"limit":10,"query":"hello world"}`
+ * ```ts
+ * import { StepId } from "effect-rebuno"
+ *
+ * StepId.canonicalJson(`{"query": "hello world", "limit": 10}`) // `{"limit":10,"query":"hello world"}`
+ * ```
  *
  * @since 0.1.0
  * @category canonical
@@ -67,7 +71,18 @@ const EMPTY_OBJECT_HASH = sha256Hex(EMPTY_OBJECT)
  * `:`, then the field itself.
  *
  * @example
- * // "36:0192f1a0-…9:tool_call5:café64:a69f…1bbbf62:10"
+ * ```ts
+ * import { StepId } from "effect-rebuno"
+ *
+ * StepId.preimage({
+ *   executionId: "0192f1a0-0000-7000-8000-000000000000",
+ *   kind: "tool_call",
+ *   target: "café", // 4 characters, 5 UTF-8 bytes
+ *   argsHash: StepId.argsHash(`{"query": "hello"}`),
+ *   occurrence: 10
+ * })
+ * // "36:0192f1a0-0000-7000-8000-0000000000009:tool_call5:café64:96780c03…2535c5cc2:10"
+ * ```
  *
  * @since 0.1.0
  * @category hashing

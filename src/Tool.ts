@@ -206,12 +206,24 @@ const build = <
  *
  * @example
  * ```ts
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ *
  * const search = Tool.make("search", {
  *   args: Schema.Struct({ query: Schema.String }),
  *   success: Schema.Array(Schema.String),
  *   execute: ({ query }) => Effect.succeed([`result for ${query}`])
  * })
- * const hits = yield* search({ query: "effect" })
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) =>
+ *     Effect.gen(function*() {
+ *       const hits = yield* search({ query: prompt }) // a tool_call step "search"
+ *       return { hits }
+ *     })
+ * })
  * ```
  *
  * @since 0.1.0

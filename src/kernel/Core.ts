@@ -539,11 +539,34 @@ export interface KernelCore {
    *
    * @example
    * ```ts
-   * // the fork replays "charge" as if it had failed
-   * const { execution } = yield* core.fork(sourceId, {
-   *   atSeq: 12,
-   *   overrides: { [chargeStepId]: { error: { message: "card declined" } } }
+   * import { Effect, Schema } from "effect"
+   * import { Agent, Tool } from "effect-rebuno"
+   * import { TestKernel } from "effect-rebuno/testing"
+   *
+   * const charge = Tool.make("charge", {
+   *   args: Schema.Struct({ amount: Schema.Number }),
+   *   success: Schema.Struct({ id: Schema.String }),
+   *   execute: () => Effect.succeed({ id: "ch_1" })
    * })
+   *
+   * const checkout = Agent.make({
+   *   id: "checkout",
+   *   handler: () => Effect.map(charge({ amount: 10 }), ({ id }) => ({ charged: id }))
+   * })
+   *
+   * const program = Effect.gen(function*() {
+   *   const kernel = yield* TestKernel.TestKernel
+   *   const source = yield* kernel.run(checkout)
+   *   const chargeStepId = source.steps[0]!.stepId
+   *   const { latestSeq } = yield* kernel.core.forkPoints(source.executionId)
+   *   // the fork replays "charge" as if it had failed
+   *   const { execution } = yield* kernel.core.fork(source.executionId, {
+   *     atSeq: latestSeq,
+   *     overrides: { [chargeStepId]: { error: { message: "card declined" } } }
+   *   })
+   *   const fork = yield* kernel.settle(execution.id)
+   *   return fork.failureReason // "tool_error: charge: card declined"
+   * }).pipe(Effect.provide(TestKernel.layer({ agents: [checkout] })))
    * ```
    */
   readonly fork: (sourceId: string, request: ForkRequest) => Effect.Effect<ForkResult, KernelFailure>

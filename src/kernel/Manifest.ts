@@ -79,8 +79,12 @@ const shellName = (s: string): readonly [name: string, width: number] => {
  * `${`…/`${}` are eaten as Go does.
  *
  * @example
- * expandEnv("a $HOME ${NOPE} ^x$", (n) => n === "HOME" ? "/root" : undefined)
+ * ```ts
+ * import { Manifest } from "effect-rebuno/kernel"
+ *
+ * Manifest.expandEnv("a $HOME ${NOPE} ^x$", (name) => name === "HOME" ? "/root" : undefined)
  * // "a /root $NOPE ^x$"
+ * ```
  *
  * @since 0.1.0
  * @category parsing

@@ -29,6 +29,35 @@
  *
  * @example
  * ```ts
+ * import { expect, it } from "@effect/vitest"
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ * import { Explore, TestKernel } from "effect-rebuno/testing"
+ *
+ * const reverse = Tool.make("reverse", {
+ *   args: Schema.Struct({ text: Schema.String }),
+ *   success: Schema.Struct({ reversed: Schema.String }),
+ *   execute: ({ text }) => Effect.succeed({ reversed: Array.from(text).reverse().join("") })
+ * })
+ *
+ * const wordCount = Tool.make("word_count", {
+ *   args: Schema.Struct({ text: Schema.String }),
+ *   success: Schema.Struct({ count: Schema.Number }),
+ *   execute: ({ text }) => Effect.succeed({ count: text.split(/\s+/).filter((word) => word !== "").length })
+ * })
+ *
+ * const hello = Agent.make({
+ *   id: "hello",
+ *   input: Schema.Struct({ query: Schema.String }),
+ *   output: Schema.Struct({ query: Schema.String, reversed: Schema.String, word_count: Schema.Number }),
+ *   handler: ({ query }) =>
+ *     Effect.gen(function*() {
+ *       const { reversed } = yield* reverse({ text: query })
+ *       const { count } = yield* wordCount({ text: query })
+ *       return { query, reversed, word_count: count }
+ *     })
+ * })
+ *
  * it.effect("survives a crash anywhere", () =>
  *   Effect.gen(function*() {
  *     const report = yield* Explore.crashes(hello, { query: "a b" })
@@ -784,8 +813,31 @@ const compareOutcome = (expected: Outcome, actual: Outcome): string | undefined 
  *
  * @example
  * ```ts
- * // the receipt's token is a hash of the step id: compare everything else
- * yield* Explore.crashes(checkout, { amount: 10 }, { ignore: ["$.receipt.token"] })
+ * import { it } from "@effect/vitest"
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ * import { Explore, TestKernel } from "effect-rebuno/testing"
+ * import { createHash } from "node:crypto"
+ *
+ * const charge = Tool.make("charge", {
+ *   args: Schema.Struct({ amount: Schema.Number }),
+ *   success: Schema.Struct({ token: Schema.String }),
+ *   idempotency: "at_most_once",
+ *   // the provider's receipt carries a hash of the idempotency key (the step id)
+ *   execute: (_, { stepId }) => Effect.succeed({ token: createHash("sha256").update(stepId).digest("hex") })
+ * })
+ *
+ * const checkout = Agent.make({
+ *   id: "checkout",
+ *   input: Schema.Struct({ amount: Schema.Number }),
+ *   handler: ({ amount }) => Effect.map(charge({ amount }), (receipt) => ({ amount, receipt }))
+ * })
+ *
+ * it.effect("checkout survives a crash anywhere", () =>
+ *   Effect.gen(function*() {
+ *     // the receipt's token is a hash of the step id: compare everything else
+ *     yield* Explore.crashes(checkout, { amount: 10 }, { ignore: ["$.receipt.token"] })
+ *   }).pipe(Effect.provide(TestKernel.layer({ agents: [checkout] }))))
  * ```
  *
  * @since 0.1.0

@@ -170,8 +170,32 @@ const directoryOf = (binding: unknown): string | undefined => {
  *
  * @example
  * ```ts
+ * import { expect, it } from "@effect/vitest"
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Resource, Tool } from "effect-rebuno"
+ * import { MemoryDirectory, TestKernel } from "effect-rebuno/testing"
+ *
+ * const workspace = Resource.make("workspace", { driver: MemoryDirectory.MemoryDirectory })
+ *
+ * const append = Tool.make("append", {
+ *   args: Schema.Struct({ line: Schema.String }),
+ *   success: Schema.Null,
+ *   resources: [workspace],
+ *   execute: ({ line }) =>
+ *     Effect.map(workspace.handle, ({ files }) => (files.set("README.md", `${files.get("README.md")}\n${line}`), null))
+ * })
+ *
+ * const scribe = Agent.make({ id: "scribe", resources: [workspace], handler: () => append({ line: "- one" }) })
+ *
+ * // plays the machine's disk: provide disk.layer next to the test kit
  * const disk = MemoryDirectory.make({ initial: { "README.md": "# notes" } })
- * // provide disk.layer next to the test kit; read disk.files(executionId, "workspace") after a run
+ *
+ * it.effect("a fresh workspace starts with the initial files", () =>
+ *   Effect.gen(function*() {
+ *     const kernel = yield* TestKernel.TestKernel
+ *     const run = yield* kernel.run(scribe, {})
+ *     expect(disk.files(run.executionId, "workspace")).toEqual({ "README.md": "# notes\n- one" })
+ *   }).pipe(Effect.provide(TestKernel.layer({ agents: [scribe] })), Effect.provide(disk.layer)))
  * ```
  *
  * @since 0.2.0

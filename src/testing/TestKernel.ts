@@ -22,11 +22,34 @@
  *
  * @example
  * ```ts
+ * import { expect, it } from "@effect/vitest"
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ * import { TestKernel } from "effect-rebuno/testing"
+ *
+ * const search = Tool.make("search", {
+ *   args: Schema.Struct({ query: Schema.String }),
+ *   success: Schema.Array(Schema.String),
+ *   execute: ({ query }) => Effect.succeed([`result for ${query}`])
+ * })
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) =>
+ *     Effect.gen(function*() {
+ *       const hits = yield* search({ query: prompt })
+ *       const more = yield* search({ query: `${prompt} again` })
+ *       return { hits: [...hits, ...more] }
+ *     })
+ * })
+ *
  * it.effect("replays after a crash", () =>
  *   Effect.gen(function*() {
  *     const kernel = yield* TestKernel.TestKernel
  *     const run = yield* kernel.run(researcher, { prompt: "hi" }, { crash: { afterSteps: 1 } })
  *     expect(run.status).toBe("completed")
+ *     expect(run.deliveries).toBe(2) // crashed once, redelivered once
  *   }).pipe(Effect.provide(TestKernel.layer({ agents: [researcher] }))))
  * ```
  *
@@ -275,10 +298,43 @@ export interface RunStep extends Protocol.Step {
  *
  * @example
  * ```ts
- * const run = yield* kernel.run(hello, { query: "a b" })
- * run.output?.word_count // number | undefined, from hello's output Schema
- * run.steps.map((s) => [s.sequence, s.target]) // [[0, "reverse"], [1, "word_count"]]
- * run.failureReason // undefined: absent unless the execution failed or was cancelled
+ * import { expect, it } from "@effect/vitest"
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Tool } from "effect-rebuno"
+ * import { TestKernel } from "effect-rebuno/testing"
+ *
+ * const reverse = Tool.make("reverse", {
+ *   args: Schema.Struct({ text: Schema.String }),
+ *   success: Schema.Struct({ reversed: Schema.String }),
+ *   execute: ({ text }) => Effect.succeed({ reversed: Array.from(text).reverse().join("") })
+ * })
+ *
+ * const wordCount = Tool.make("word_count", {
+ *   args: Schema.Struct({ text: Schema.String }),
+ *   success: Schema.Struct({ count: Schema.Number }),
+ *   execute: ({ text }) => Effect.succeed({ count: text.split(/\s+/).filter((word) => word !== "").length })
+ * })
+ *
+ * const hello = Agent.make({
+ *   id: "hello",
+ *   input: Schema.Struct({ query: Schema.String }),
+ *   output: Schema.Struct({ query: Schema.String, reversed: Schema.String, word_count: Schema.Number }),
+ *   handler: ({ query }) =>
+ *     Effect.gen(function*() {
+ *       const { reversed } = yield* reverse({ text: query })
+ *       const { count } = yield* wordCount({ text: query })
+ *       return { query, reversed, word_count: count }
+ *     })
+ * })
+ *
+ * it.effect("reads a settled run", () =>
+ *   Effect.gen(function*() {
+ *     const kernel = yield* TestKernel.TestKernel
+ *     const run = yield* kernel.run(hello, { query: "a b" })
+ *     expect(run.output?.word_count).toBe(2) // number | undefined, from hello's output Schema
+ *     expect(run.steps.map((s) => [s.sequence, s.target])).toEqual([[0, "reverse"], [1, "word_count"]])
+ *     expect(run.failureReason).toBeUndefined() // absent unless the execution failed or was cancelled
+ *   }).pipe(Effect.provide(TestKernel.layer({ agents: [hello] }))))
  * ```
  *
  * @since 0.1.0
@@ -509,12 +565,60 @@ export declare namespace TestKernel {
      *
      * @example
      * ```ts
-     * const source = yield* kernel.run(refund, { order: "A-1" })
-     * // would the fork still refund if the policy denied it?
-     * const fork = yield* kernel.fork(source, { atStep: 1, policy: denyRefunds })
-     * expect(fork.steps[1].status).toBe("denied")
-     * // and if the lookup had found another amount?
-     * const other = yield* kernel.fork(source, { override: { lookup_order: { result: { amount: 0 } } } })
+     * import { expect, it } from "@effect/vitest"
+     * import { Effect, Schema } from "effect"
+     * import { Agent, Tool } from "effect-rebuno"
+     * import { TestKernel } from "effect-rebuno/testing"
+     *
+     * const lookupOrder = Tool.make("lookup_order", {
+     *   args: Schema.Struct({ order: Schema.String }),
+     *   success: Schema.Struct({ amount: Schema.Number }),
+     *   execute: () => Effect.succeed({ amount: 40 })
+     * })
+     *
+     * const refund = Tool.make("refund", {
+     *   args: Schema.Struct({ order: Schema.String, amount: Schema.Number }),
+     *   success: Schema.Struct({ refunded: Schema.Number }),
+     *   idempotency: "at_most_once",
+     *   execute: ({ amount }) => Effect.succeed({ refunded: amount })
+     * })
+     *
+     * const refunds = Agent.make({
+     *   id: "refunds",
+     *   input: Schema.Struct({ order: Schema.String }),
+     *   handler: ({ order }) =>
+     *     Effect.gen(function*() {
+     *       const { amount } = yield* lookupOrder({ order })
+     *       if (amount === 0) return "nothing to refund"
+     *       return yield* refund({ order, amount }).pipe(
+     *         Effect.map(({ refunded }) => `refunded ${refunded}`),
+     *         Effect.catchTag("PolicyError", (e) => Effect.succeed(`refund refused: ${e.reason}`))
+     *       )
+     *     })
+     * })
+     *
+     * const denyRefunds = `
+     * default_action: allow
+     * rules:
+     *   - id: deny-refunds
+     *     when: { target: refund }
+     *     then: { decision: deny, reason: refunds are paused }
+     * `
+     *
+     * it.effect("what if", () =>
+     *   Effect.gen(function*() {
+     *     const kernel = yield* TestKernel.TestKernel
+     *     const source = yield* kernel.run(refunds, { order: "A-1" })
+     *     // would the fork still refund if the policy denied it?
+     *     const fork = yield* kernel.fork(source, { atStep: 1, policy: denyRefunds })
+     *     expect(fork.steps[1]?.status).toBe("denied")
+     *     // and if the lookup had found another amount?
+     *     const other = yield* kernel.fork(source, {
+     *       atStep: 1,
+     *       override: { lookup_order: { result: { amount: 0 } } }
+     *     })
+     *     expect(other.output).toBe("nothing to refund")
+     *   }).pipe(Effect.provide(TestKernel.layer({ agents: [refunds] }))))
      * ```
      *
      * @since 0.2.0

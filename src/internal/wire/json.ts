@@ -624,8 +624,8 @@ const canonValue = (depth: number): string | undefined => {
  * Returns `undefined` when `raw` is not exactly one JSON value (surrounding
  * whitespace allowed).
  *
- * @example
- * canonicalize(`{"b": 1.0, "a": "<x>", "b": 2}`) // `{"a":"\u003cx\u003e","b":2}`
+ * For example, the text `{"b": 1.0, "a": "<x>", "b": 2}` canonicalises to
+ * the text `{"a":"\u003cx\u003e","b":2}`.
  *
  * @since 0.1.0
  * @category canonical
@@ -648,8 +648,8 @@ export const canonicalize = (raw: string): string | undefined => {
  *
  * Returns `undefined` when `raw` is not exactly one JSON value.
  *
- * @example
- * compact(`{ "b" : 1.0, "a":"<", "b":2 }`) // `{"b":1.0,"a":"\u003c","b":2}`
+ * For example, the text `{ "b" : 1.0, "a":"<", "b":2 }` compacts to the
+ * text `{"b":1.0,"a":"\u003c","b":2}`.
  *
  * @since 0.1.0
  * @category echo
@@ -675,9 +675,8 @@ export const compact = (raw: string): string | undefined =>
  * Returns `undefined` when `text` is empty, not valid JSON, not an object, or
  * followed by anything but whitespace.
  *
- * @example
- * parseObjectMembers(`{"kind":"tool_call", "args": {"q": 1}}`)
- * // Map { "kind" => `"tool_call"`, "args" => `{"q": 1}` }
+ * For example, the text `{"kind":"tool_call", "args": {"q": 1}}` gives the
+ * map `kind` → `"tool_call"`, `args` → `{"q": 1}` (values as source text).
  *
  * @since 0.1.0
  * @category decoding
@@ -728,8 +727,8 @@ export const parseString = (raw: string): string | undefined => {
  * (`\b \f \n \r \t`, otherwise `\u00xx` lowercase), `<` `>` `&` U+2028 U+2029 as
  * `\u` escapes, everything else raw. A lone surrogate is written as U+FFFD.
  *
- * @example
- * quoteString("a<b>\u0001") // `"a\u003cb\u003e\u0001"`
+ * For example, the string `a<b>` followed by U+0001 is written as the text
+ * `"a\u003cb\u003e\u0001"`.
  *
  * @since 0.1.0
  * @category encoding
@@ -903,9 +902,8 @@ const checkJson = (
  * reason and the JSONPath of the offending value. Symbol-keyed and non-enumerable
  * properties are ignored, as `JSON.stringify` ignores them.
  *
- * @example
- * stringifyStrict({ a: [1, NaN] })
- * // { _tag: "Invalid", reason: "NaN is not a JSON number", path: "$.a[1]" }
+ * For example, `stringifyStrict({ a: [1, NaN] })` is
+ * `{ _tag: "Invalid", reason: "NaN is not a JSON number", path: "$.a[1]" }`.
  *
  * @since 0.1.0
  * @category encoding

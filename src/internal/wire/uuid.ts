@@ -112,8 +112,8 @@ const parseCanonical = (s: string): string | undefined => {
  * in any case), or 32 bare hex digits — and returns the canonical lowercase form.
  * Version and variant are not checked (the nil UUID parses).
  *
- * @example
- * parseUuid("{0192F1A0-0000-7000-8000-000000000000}") // "0192f1a0-0000-7000-8000-000000000000"
+ * For example, `parseUuid("{0192F1A0-0000-7000-8000-000000000000}")` is
+ * `"0192f1a0-0000-7000-8000-000000000000"`.
  *
  * @since 0.1.0
  * @category uuid

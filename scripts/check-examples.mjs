@@ -1,11 +1,19 @@
-// npm run check:readme: every ```ts block of README.md type-checks against the
-// package as a user imports it (`effect-rebuno`, `effect-rebuno/kernel`,
-// `effect-rebuno/testing`, mapped to src/ by the root tsconfig's `paths`).
+// npm run check:examples: every ```ts block of README.md, and every ```ts block
+// inside an `@example` JSDoc tag of src/**/*.ts, type-checks against the package as
+// a user imports it (`effect-rebuno`, `effect-rebuno/kernel`, `effect-rebuno/testing`,
+// mapped to src/ by the root tsconfig's `paths`).
 //
-// Each block is written to its own module under node_modules/.cache/readme-snippets/
-// and one `tsc --noEmit` checks them all; errors are printed with the README line.
+// Each block is written to its own module under node_modules/.cache/examples/ and
+// one `tsc --noEmit` checks them all; errors are printed as README.md:LINE:COL or
+// src/File.ts:LINE:COL, pointing into the README or the JSDoc comment.
 //
-// A block can be marked by an HTML comment on the line right before its fence:
+// JSDoc examples (as Effect's docgen checks them): each ```ts block of an `@example`
+// tag is a self-contained module a user could paste: its own imports, from the
+// package names above, `effect` or `@effect/platform-node`, never a relative path;
+// the leading ` * ` of the comment is stripped. An `@example` without a ```ts block
+// is reported. No preludes.
+//
+// README blocks can be marked by an HTML comment on the line right before their fence:
 //   <!-- readme-check: skip (why) -->        not checked (keep this rare)
 //   <!-- readme-check: prelude NAME … -->    checked after the named preludes below:
 //                                             declarations the fragment assumes, and
@@ -13,7 +21,8 @@
 //                                             `Effect.gen(function*() { … })`.
 // Prefer a complete block: readers copy them.
 //
-// `node scripts/check-readme.mjs [file]` checks another Markdown file (default README.md).
+// `node scripts/check-examples.mjs [file]` checks another Markdown file instead of
+// README.md (the JSDoc examples are checked either way).
 import { spawnSync } from "node:child_process"
 import * as Fs from "node:fs"
 import { createRequire } from "node:module"
@@ -23,7 +32,7 @@ import { fileURLToPath } from "node:url"
 const root = Path.resolve(Path.dirname(fileURLToPath(import.meta.url)), "..")
 const readmePath = Path.resolve(root, process.argv[2] ?? "README.md") // another file, to try the check
 const readmeName = Path.relative(root, readmePath)
-const outDir = Path.join(root, "node_modules", ".cache", "readme-snippets")
+const outDir = Path.join(root, "node_modules", ".cache", "examples")
 
 // Named preludes. `imports` are import statements, added unless the block
 // imports the same local name itself; `code` is declarations placed before the
@@ -136,9 +145,15 @@ declare const checkpoint: Resource.Driver<{ readonly id: string }>["checkpoint"]
 
 // --- extract ------------------------------------------------------------------------
 
-const readme = Fs.readFileSync(readmePath, "utf8").split("\n")
+// A snippet: `source` (the file it is reported in), `fenceLine` (1-based line of its
+// opening fence), `lines` (its code), `at` ([line, column offset] in `source` of each
+// code line: the README indent or the comment's ` * ` stripped from it), `skip`,
+// `preludes` (names) and `name` (of the module written for it).
 const snippets = []
 const problems = []
+
+const readme = Fs.readFileSync(readmePath, "utf8").split("\n")
+let readmeBlocks = 0
 for (let i = 0; i < readme.length; i++) {
   if (/^\s*```(typescript|tsx?\s+\S.*)\s*$/.test(readme[i])) {
     problems.push(`${readmeName}:${i + 1}: fence "${readme[i].trim()}" is not checked; write \`\`\`ts`)
@@ -153,7 +168,9 @@ for (let i = 0; i < readme.length; i++) {
     problems.push(`${readmeName}:${start + 1}: unclosed \`\`\`ts block`)
     break
   }
-  const lines = readme.slice(start + 1, end).map((line) => line.startsWith(indent) ? line.slice(indent.length) : line)
+  const raw = readme.slice(start + 1, end)
+  const lines = raw.map((line) => line.startsWith(indent) ? line.slice(indent.length) : line)
+  const at = raw.map((line, k) => [start + 2 + k, line.startsWith(indent) ? indent.length : 0])
   const marker = /^\s*<!--\s*readme-check:\s*(.*?)\s*-->\s*$/.exec(readme[start - 1] ?? "")
   let skip = false
   const names = []
@@ -167,8 +184,90 @@ for (let i = 0; i < readme.length; i++) {
       }
     } else problems.push(`${readmeName}:${start}: unknown readme-check marker "${marker[1]}"`)
   }
-  snippets.push({ fenceLine: start + 1, firstLine: start + 2, lines, skip, preludes: names })
+  readmeBlocks++
+  snippets.push({
+    source: readmeName,
+    fenceLine: start + 1,
+    lines,
+    at,
+    skip,
+    preludes: names,
+    name: `readme-${String(readmeBlocks).padStart(2, "0")}-L${start + 1}`
+  })
   i = end
+}
+
+// The ```ts blocks of the `@example` tags of src/**/*.ts. A tag runs from its line to
+// the next tag or the end of its comment.
+const srcFiles = Fs.readdirSync(Path.join(root, "src"), { recursive: true, withFileTypes: true })
+  .filter((entry) => entry.isFile() && entry.name.endsWith(".ts") && !entry.name.endsWith(".d.ts"))
+  .map((entry) => Path.relative(root, Path.join(entry.parentPath, entry.name)))
+  .sort()
+let exampleTags = 0
+for (const source of srcFiles) {
+  const text = Fs.readFileSync(Path.join(root, source), "utf8").split("\n")
+  let inComment = false
+  let tag = null // { line, blocks } of the @example tag being read
+  let block = null // { fenceLine, lines, at } of the ```ts block being read
+  const closeTag = () => {
+    if (block !== null) problems.push(`${source}:${block.fenceLine}: unclosed \`\`\`ts block in @example`)
+    else if (tag !== null && tag.blocks === 0) {
+      problems.push(`${source}:${tag.line}: @example without a \`\`\`ts block (write the example as one)`)
+    }
+    tag = null
+    block = null
+  }
+  for (let i = 0; i < text.length; i++) {
+    const line = text[i]
+    if (!inComment) {
+      if (/^\s*\/\*\*/.test(line) && !/\*\/\s*$/.test(line)) inComment = true
+      continue
+    }
+    const prefix = /^\s*\*?(?: |$)/.exec(line)[0]
+    const content = line.slice(prefix.length)
+    const ends = /^\s*\*\//.test(line)
+    if (ends || (block === null && /^@\w/.test(content))) closeTag()
+    if (ends) {
+      inComment = false
+      continue
+    }
+    if (/^@example\b/.test(content)) {
+      exampleTags++
+      tag = { line: i + 1, blocks: 0 }
+      continue
+    }
+    if (tag === null) continue
+    if (block === null) {
+      if (/^```\s*ts\s*$/.test(content)) block = { fenceLine: i + 1, lines: [], at: [] }
+      else if (/^```/.test(content)) {
+        problems.push(`${source}:${i + 1}: fence "${content.trim()}" in @example is not checked; write \`\`\`ts`)
+      }
+    } else if (/^```\s*$/.test(content)) {
+      tag.blocks++
+      block.lines.forEach((code, k) => {
+        const from = /\bfrom\s+["'](\.{1,2}\/[^"']*)["']|\bimport\s*\(?\s*["'](\.{1,2}\/[^"']*)["']/.exec(code)
+        if (from) {
+          problems.push(
+            `${source}:${block.at[k][0]}: @example imports "${from[1] ?? from[2]}"; import from ` +
+              `effect-rebuno, effect-rebuno/kernel or effect-rebuno/testing as a user would`
+          )
+        }
+      })
+      snippets.push({
+        source,
+        fenceLine: block.fenceLine,
+        lines: block.lines,
+        at: block.at,
+        skip: false,
+        preludes: [],
+        name: `${source.replace(/\.ts$/, "").replace(/[\/\\]/g, "_")}-L${block.fenceLine}`
+      })
+      block = null
+    } else {
+      block.lines.push(content)
+      block.at.push([i + 1, prefix.length])
+    }
+  }
 }
 
 // --- assemble ------------------------------------------------------------------------
@@ -216,12 +315,10 @@ const splitImports = (lines) => {
 Fs.rmSync(outDir, { recursive: true, force: true })
 Fs.mkdirSync(outDir, { recursive: true })
 
-const files = new Map() // absolute path → { snippet, origin: README line (1-based) or null per file line }
-let index = 0
+const files = new Map() // absolute path → { snippet, origin: per line of the module, [line, column offset] or null }
 for (const snippet of snippets) {
-  index++
   if (snippet.skip) continue
-  const out = [] // [text, README line | null]
+  const out = [] // [text, [line, column offset] in snippet.source | null (prelude)]
   const chosen = snippet.preludes.map((name) => preludes[name])
   const importCount = splitImports(snippet.lines)
   const own = new Set()
@@ -245,7 +342,7 @@ for (const snippet of snippets) {
       }
     }
   }
-  snippet.lines.slice(0, importCount).forEach((line, i) => out.push([line, snippet.firstLine + i]))
+  snippet.lines.slice(0, importCount).forEach((line, i) => out.push([line, snippet.at[i]]))
   for (const prelude of chosen) {
     for (const line of (prelude.code ?? "").split("\n")) if (line.trim() !== "") out.push([line, null])
   }
@@ -254,10 +351,10 @@ for (const snippet of snippets) {
     out.push([`import * as ReadmeCheck$Effect from "effect/Effect"`, null])
     out.push([`export const readmeCheck$snippet = ReadmeCheck$Effect.gen(function*() {`, null])
   }
-  snippet.lines.slice(importCount).forEach((line, i) => out.push([line, snippet.firstLine + importCount + i]))
+  snippet.lines.slice(importCount).forEach((line, i) => out.push([line, snippet.at[importCount + i]]))
   if (wrap) out.push([`})`, null])
   out.push([`export {}`, null])
-  const file = Path.join(outDir, `readme-${String(index).padStart(2, "0")}-L${snippet.fenceLine}.ts`)
+  const file = Path.join(outDir, `${snippet.name}.ts`)
   Fs.writeFileSync(file, out.map(([text]) => text).join("\n") + "\n")
   files.set(file, { snippet, origin: out.map(([, line]) => line) })
 }
@@ -304,10 +401,10 @@ for (const line of (result.stdout + result.stderr).split("\n")) {
     const entry = files.get(file)
     let where
     if (entry) {
-      const readmeLine = entry.origin[Number(m[2]) - 1]
-      where = readmeLine === null || readmeLine === undefined
-        ? `${readmeName}:${entry.snippet.fenceLine} (block's prelude, ${Path.relative(root, file)}:${m[2]})`
-        : `${readmeName}:${readmeLine}:${m[3]}`
+      const origin = entry.origin[Number(m[2]) - 1]
+      where = origin === null || origin === undefined
+        ? `${entry.snippet.source}:${entry.snippet.fenceLine} (block's prelude, ${Path.relative(root, file)}:${m[2]})`
+        : `${entry.snippet.source}:${origin[0]}:${Number(m[3]) + origin[1]}`
     } else {
       where = `${Path.relative(root, file)}:${m[2]}:${m[3]}`
     }
@@ -323,11 +420,12 @@ for (const line of (result.stdout + result.stderr).split("\n")) {
 
 for (const problem of problems) console.error(problem)
 for (const error of errors) console.error(error)
-const checked = files.size
-const skipped = snippets.filter((s) => s.skip).length
+const readmeSnippets = snippets.filter((s) => s.source === readmeName)
+const skipped = readmeSnippets.filter((s) => s.skip).length
 const failed = problems.length > 0 || errors.length > 0 || result.status !== 0
 ;(failed ? console.error : console.log)(
-  `check:readme: ${snippets.length} \`\`\`ts blocks, ${checked} checked, ${skipped} skipped; ` +
-    `${errors.length} error(s) in ${seconds}s (tsc)`
+  `check:examples: ${readmeName}: ${readmeSnippets.length} \`\`\`ts blocks, ${skipped} skipped; ` +
+    `src: ${exampleTags} @example tags, ${snippets.length - readmeSnippets.length} \`\`\`ts blocks; ` +
+    `${files.size} modules checked, ${problems.length} problem(s), ${errors.length} error(s) in ${seconds}s (tsc)`
 )
 if (failed) process.exit(1)
