@@ -62,13 +62,28 @@ const positiveIntFlag = (name: string, description: string) =>
 const devFlags = {
   host: Flag.String("host").pipe(
     Flag.withDescription(
-      "Interface to listen on (default 127.0.0.1: this machine only, or the host of REBUNO_LISTEN_ADDR); " +
+      "Interface to listen on (default 127.0.0.1: this machine only, or the host of --listen-addr / REBUNO_LISTEN_ADDR); " +
         "--host 0.0.0.0 accepts connections from other machines and containers"
     ),
     Flag.optional
   ),
   port: Flag.Int("port").pipe(
-    Flag.withDescription("Port to listen on (default 8080, or the port of REBUNO_LISTEN_ADDR; 0 = any free port)"),
+    Flag.withDescription(
+      "Port to listen on (default 8080, or the port of --listen-addr / REBUNO_LISTEN_ADDR; 0 = any free port)"
+    ),
+    Flag.optional
+  ),
+  listenAddr: Flag.String("listen-addr").pipe(
+    Flag.withDescription(
+      "host:port to listen on, as the reference kernel's flag (\":8080\" is every interface; REBUNO_LISTEN_ADDR); " +
+        "--host and --port win over it"
+    ),
+    Flag.mapEffect((text) => {
+      const parsed = KernelConfig.parseListenAddress(text.trim())
+      return parsed === undefined
+        ? invalid(`--listen-addr: invalid listen address ${JSON.stringify(text)} (host:port, e.g. 127.0.0.1:8080 or :8080)`)
+        : Effect.succeed(parsed)
+    }),
     Flag.optional
   ),
   config: Flag.String("config").pipe(
@@ -205,7 +220,7 @@ export const dev = Command.make("dev", devFlags, (flags) =>
 const serveDev = (flags: Command.Command.Config.Infer<typeof devFlags>) =>
   Effect.gen(function*() {
     const env = yield* KernelConfig.kernelConfig
-    const listen = Option.getOrUndefined(env.listen)
+    const listen = Option.getOrUndefined(Option.orElse(flags.listenAddr, () => env.listen))
     const host = Option.getOrElse(flags.host, () => listen === undefined ? KernelConfig.defaults.host : listen.host ?? "")
     const port = Option.getOrElse(flags.port, () => listen?.port ?? KernelConfig.defaults.port)
     const deadlineMs = Option.getOrElse(flags.deadlineTimeout, () => env.deadlineMs)

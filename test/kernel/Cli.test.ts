@@ -253,6 +253,25 @@ describe("CLI", () => {
       yield* Effect.promise(() => cli.waitFor(/^no agents registered/))
     }), 60_000)
 
+  it.live("--listen-addr (the reference kernel's flag) sets host and port, over REBUNO_LISTEN_ADDR; a bad one is refused", () =>
+    Effect.gen(function*() {
+      const port = yield* Effect.promise(() =>
+        new Promise<number>((resolve) => {
+          const probe = Net.createServer().listen(0, "127.0.0.1", () => {
+            const free = (probe.address() as AddressInfo).port
+            probe.close(() => resolve(free))
+          })
+        })
+      )
+      const cli = yield* scopedCli(["dev", "--listen-addr", `127.0.0.1:${port}`], { REBUNO_LISTEN_ADDR: "127.0.0.1:0" })
+      expect(yield* Effect.promise(() => cli.waitFor(/listening on/))).toMatch(
+        new RegExp(`listening on http://127\\.0\\.0\\.1:${port}$`)
+      )
+      const bad = yield* scopedCli(["dev", "--listen-addr", "8080"])
+      expect(yield* Effect.promise(() => bad.exited)).not.toBe(0)
+      expect(bad.output().stderr).toContain("--listen-addr: invalid listen address \"8080\"")
+    }), 60_000)
+
   it.live("--stage and REBUNO_STAGE choose the protocol stage the kernel speaks; the flag wins", () =>
     Effect.gen(function*() {
       const byFlag = yield* scopedCli(["dev", "--port", "0", "--stage", "v0.14.0"], { REBUNO_STAGE: "seed" })
