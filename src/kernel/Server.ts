@@ -76,6 +76,11 @@ const nodeSource = (request: HttpServerRequest.HttpServerRequest): NodeSource | 
 /** Reads a Node request body, failing as soon as it grows past the cap. */
 const readNodeBody = (source: NodeSource): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
   Effect.callback<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError>((resume) => {
+    // A request whose connection is gone sends no more events: nothing to wait for.
+    if ((source.destroyed || source.errored !== null) && !source.readableEnded) {
+      resume(Effect.fail(new Routes.BodyReadError({ cause: source.errored ?? new Error("request aborted") })))
+      return
+    }
     const declared = Number(source.headers["content-length"])
     if (Number.isFinite(declared) && declared > Routes.maxBodyBytes) {
       source.resume()
@@ -231,11 +236,11 @@ const syncListener = (
     chunks.push(chunk)
     size += chunk.length
   }
-  const onError = () => {
-    if (settled) return
+  // The request failed before its end: the client went away (a reset, or the connection closed
+  // mid-body). Nobody is left to answer, and handing the request on would leave the general path
+  // waiting for a body that never comes.
+  const onGone = () => {
     settled = true
-    // The general path answers this one (a later error of the same request is ignored above).
-    general(request, response)
   }
   const onEnd = () => {
     if (settled) return
@@ -264,7 +269,8 @@ const syncListener = (
   }
   request.on("data", onData)
   request.on("end", onEnd)
-  request.on("error", onError)
+  request.on("error", onGone)
+  request.on("close", onGone)
 }
 
 /**
@@ -371,12 +377,27 @@ const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
     const general = listeners[0] as (request: Http.IncomingMessage, response: Http.ServerResponse) => void
     const clock = yield* Clock.Clock
     const listener = syncListener(handlers, () => clock.currentTimeMillisUnsafe(), general)
+    // `Expect: 100-continue`: the platform's listener acknowledges only when its own body stream is
+    // read, which the kernel never uses, so the client would wait for a `100` that never comes
+    // (RFC 9110 10.1.1). Acknowledge at once — unless the declared body is over the cap, which is
+    // answered at once instead — and go on as for any request.
+    const continued = server.listeners("checkContinue") as Array<
+      (request: Http.IncomingMessage, response: Http.ServerResponse) => void
+    >
+    const onContinue = (request: Http.IncomingMessage, response: Http.ServerResponse): void => {
+      if (!(Number(request.headers["content-length"]) > Routes.maxBodyBytes)) response.writeContinue()
+      listener(request, response)
+    }
     server.off("request", general)
     server.on("request", listener)
+    for (const f of continued) server.off("checkContinue", f)
+    server.on("checkContinue", onContinue)
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
         server.off("request", listener)
         server.on("request", general)
+        server.off("checkContinue", onContinue)
+        for (const f of continued) server.on("checkContinue", f)
       })
     )
   }))
