@@ -265,8 +265,10 @@ const decodeStrict = <S extends Record<string, FieldType>>(
       if (s === undefined) return undefined
       out[name] = s
     } else if (type === "number") {
-      if (!JSON_NUMBER.test(raw)) return undefined
-      out[name] = Number(raw)
+      // A float64, as Go decodes it: `1e400` does not fit and is refused.
+      const n = JSON_NUMBER.test(raw) ? Number(raw) : NaN
+      if (!Number.isFinite(n)) return undefined
+      out[name] = n
     } else {
       const n = parseGoInt(raw)
       if (n === undefined) return undefined

@@ -471,6 +471,22 @@ describe("the kernel under adversarial HTTP", () => {
       expect(Option.isSome(closed)).toBe(true)
     }))
 
+  it.live("lease_timeout_seconds: not a float64 is a 400; beyond Go's longest duration it is ignored, never Infinity on the wire (C.10, 2.3)", () =>
+    Effect.gen(function*() {
+      const { port } = yield* setup()
+      const register = (id: string, value: string) =>
+        once(port, post("/v0/agents", `{"id":"${id}","webhook_url":"http://127.0.0.1:1/w","secret":"s","lease_timeout_seconds":${value}}`, CLOSE))
+      const [overflow] = yield* register("inf", "1e400")
+      expect([overflow?.status, overflow?.body]).toEqual([400, VALIDATION])
+      for (const [id, value] of [["large", "1e308"], ["longest", "9223372037"]] as const) {
+        const [large] = yield* register(id, value)
+        expect(large?.status).toBe(201)
+        expect(JSON.parse(large!.body)).not.toHaveProperty("lease_timeout_seconds")
+      }
+      const [kept] = yield* register("kept", "9223372036")
+      expect(JSON.parse(kept!.body).lease_timeout_seconds).toBe(9223372036)
+    }))
+
   it.live("Expect: 100-continue with a body over the cap is refused at once; an unknown expectation is 417", () =>
     Effect.gen(function*() {
       const { port } = yield* setup()

@@ -13,6 +13,14 @@ import type { AgentMetadata, AgentRecord, Stage } from "./model.js"
 import { KernelFailure, notFound, validation } from "./model.js"
 
 const utf8 = new TextEncoder()
+
+/**
+ * The longest per-agent lease a registration sets (PROTOCOL-CURRENT C.10):
+ * Go's largest `time.Duration`, in whole seconds. Like values under 10, a
+ * larger one is ignored (the kernel's default applies), so no answer or
+ * webhook ever carries a lease that a Go kernel could not hold.
+ */
+const maxLeaseTimeoutSeconds = 9_223_372_036
 const compareBytes = (a: string, b: string): number => {
   const x = utf8.encode(a)
   const y = utf8.encode(b)
@@ -63,7 +71,8 @@ export class AgentTable {
       policyBundle: bundle,
       policy,
       registeredAtMs: now,
-      leaseTimeoutMs: a.leaseTimeoutSeconds !== undefined && a.leaseTimeoutSeconds >= 10
+      leaseTimeoutMs: a.leaseTimeoutSeconds !== undefined && a.leaseTimeoutSeconds >= 10 &&
+          a.leaseTimeoutSeconds <= maxLeaseTimeoutSeconds
         ? a.leaseTimeoutSeconds * 1000
         : undefined,
       metadata: this.byId.get(a.id)?.metadata
