@@ -32,6 +32,7 @@ import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as Json from "../internal/wire/json.js"
 import * as Uuid from "../internal/wire/uuid.js"
+import { decodeUtf8 } from "../internal/wire/utf8.js"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Decisions from "./internal/decisions.js"
@@ -136,7 +137,6 @@ export const keepAliveInterval: Duration.Duration = Duration.seconds(15)
 
 const JSON_TYPE = "application/json; charset=utf-8"
 const encoder = new TextEncoder()
-const decoder = new TextDecoder("utf-8", { ignoreBOM: true })
 
 const json = (status: number, text: string): KernelResponse => ({
   status,
@@ -250,7 +250,8 @@ const decodeStrict = <S extends Record<string, FieldType>>(
   bytes: Uint8Array,
   spec: S
 ): Decoded<S> | undefined => {
-  const members = Json.parseObjectMembers(decoder.decode(bytes))
+  // Invalid UTF-8: one U+FFFD per byte, as Go decodes it (8.3), so step ids match the reference kernel's.
+  const members = Json.parseObjectMembers(decodeUtf8(bytes))
   if (members === undefined) return undefined
   const out: Record<string, string | number> = {}
   for (const [name, raw] of members) {

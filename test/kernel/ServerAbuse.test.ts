@@ -487,6 +487,20 @@ describe("the kernel under adversarial HTTP", () => {
       expect(JSON.parse(kept!.body).lease_timeout_seconds).toBe(9223372036)
     }))
 
+  it.live("invalid UTF-8 in a submitted target becomes one U+FFFD per invalid byte (PROTOCOL 8.2, 8.3)", () =>
+    Effect.gen(function*() {
+      const { base, port, signed } = yield* setup()
+      const body = Buffer.concat([
+        Buffer.from("{\"kind\":\"tool_call\",\"target\":\"a"),
+        Buffer.from([0xe2, 0x82]), // a truncated 3-byte sequence: two invalid bytes
+        Buffer.from("b\",\"args\":{},\"idempotency\":\"x\"}")
+      ])
+      const [submitted] = yield* once(port, signed("POST", base + "/steps", body, { close: true }))
+      const stepId = JSON.parse(submitted!.body).step_id as string
+      const [step] = yield* once(port, signed("GET", base + "/steps/" + stepId, "", { close: true }))
+      expect(JSON.parse(step!.body).target).toBe("a\ufffd\ufffdb")
+    }))
+
   it.live("Expect: 100-continue with a body over the cap is refused at once; an unknown expectation is 417", () =>
     Effect.gen(function*() {
       const { port } = yield* setup()
