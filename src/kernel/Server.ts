@@ -153,6 +153,9 @@ const readGenericBody = (
     })
   )
 
+/** The largest request head the kernel reads, as the reference kernel (Go's default): 1 MiB. */
+const maxHeaderBytes = 1024 * 1024
+
 /**
  * Converts a platform request to the routes' request model.
  *
@@ -414,7 +417,8 @@ const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
  */
 export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError> =>
   Layer.unwrap(Effect.sync(() => {
-    const server = Http.createServer()
+    // Request heads up to 1 MiB, as Go's `http.DefaultMaxHeaderBytes` (Node's default is 16 KiB).
+    const server = Http.createServer({ maxHeaderSize: maxHeaderBytes })
     const handlers = Routes.makeHandlers(options.core, { apiToken: options.apiToken })
     // Built last, so released first: before `serve` stops and the server closes.
     const closeConnections = Layer.effectDiscard(
