@@ -1,6 +1,6 @@
 /**
  * `examples/hello.ts` as an outside checker drives it: the embedded kernel
- * (`dist/bin/cli.js dev`, short lease) and the agent (`examples/hello.ts`)
+ * (`effect-rebuno dev` from source, short lease) and the agent (`examples/hello.ts`)
  * each run as a real process, on stage `current` and on stage `v0.14.0`.
  *
  * - The webhook endpoint gets adversarial requests over raw sockets (missing,
@@ -304,7 +304,7 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
       hookServer!.listen(0, "127.0.0.1", () => resolve((hookServer!.address() as Net.AddressInfo).port))
     )
     start([
-      "dist/bin/cli.js", "dev", "--port", String(kernelPort), "--stage", stage,
+      "--import", "tsx", "src/bin/cli.ts", "dev", "--port", String(kernelPort), "--stage", stage,
       "--lease-timeout", "3s", "--dispatch-timeout", "2s", "--log-level", "none"
     ])
     await until("the kernel to listen", () => accepts(kernelPort))
