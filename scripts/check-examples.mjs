@@ -231,7 +231,10 @@ for (const source of srcFiles) {
       inComment = false
       continue
     }
-    if (/^@example\b/.test(content)) {
+    // An `@example` tag, or an `**Example** (…)` heading in the description (Effect's style):
+    // each opens an example that runs to the next tag, heading or the end of the comment.
+    if (/^@example\b/.test(content) || (block === null && /^\*\*Example\*\*/.test(content))) {
+      if (tag !== null) closeTag()
       exampleTags++
       tag = { line: i + 1, blocks: 0 }
       continue

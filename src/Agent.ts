@@ -621,9 +621,28 @@ const runHandler = <In, A, E, R, S>(
  * **Example** (Marking instead of dropping)
  *
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Logger, Schema } from "effect"
+ * import { Agent, KernelClient, Step } from "effect-rebuno"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) =>
+ *     Effect.gen(function*() {
+ *       const startedAt = yield* Step.now
+ *       // written on every run; on a re-run that replays `now`, with "rebuno.replaying": true
+ *       yield* Effect.logInfo(`researching ${prompt}`)
+ *       return { prompt, startedAt }
+ *     })
+ * })
+ *
  * Agent.serve(researcher, { port: 5000 }).pipe(
+ *   Layer.provide(KernelClient.layerSocketConfig()), // REBUNO_URL, REBUNO_AGENT_SECRET
  *   Layer.provide(Layer.succeed(Agent.ReplayLogging, "mark")),
- *   Layer.provide(Logger.layer([Logger.consoleJson]))
+ *   Layer.provide(Logger.layer([Logger.consoleJson])), // one JSON line per entry, with its annotations
+ *   Layer.launch,
+ *   NodeRuntime.runMain
  * )
  * ```
  *
@@ -793,8 +812,30 @@ export type HttpApp = Effect.Effect<HttpServerResponse.HttpServerResponse, never
  * **Example** (Mounting the webhook on an `HttpRouter`)
  *
  * ```ts
+ * import { NodeHttpServer, NodeRuntime } from "@effect/platform-node"
+ * import { Effect, Layer, Schema } from "effect"
+ * import { HttpRouter, HttpServerResponse } from "effect/http"
+ * import { Agent, KernelClient } from "effect-rebuno"
+ * import { createServer } from "node:http"
+ *
+ * const researcher = Agent.make({
+ *   id: "researcher",
+ *   input: Schema.Struct({ prompt: Schema.String }),
+ *   handler: ({ prompt }) => Effect.succeed({ answer: `no results for ${prompt}` })
+ * })
+ *
+ * // the runtime lives as long as the layer
  * const WebhookRoute = Layer.unwrap(
  *   Effect.map(Agent.toHttpApp(researcher), (app) => HttpRouter.add("POST", "/webhook", app))
+ * )
+ * const HealthRoute = HttpRouter.add("GET", "/health", HttpServerResponse.text("ok"))
+ *
+ * // POST /webhook and GET /health on one server, port 5000
+ * HttpRouter.serve(Layer.mergeAll(WebhookRoute, HealthRoute)).pipe(
+ *   Layer.provide(NodeHttpServer.layer(createServer, { port: 5000 })),
+ *   Layer.provide(KernelClient.layerSocketConfig()), // REBUNO_URL, REBUNO_AGENT_SECRET
+ *   Layer.launch,
+ *   NodeRuntime.runMain
  * )
  * ```
  *

@@ -239,22 +239,43 @@ const build = <Tools extends ReadonlyArray<AnyTool>, D extends Denials>(
  * **Example** (A tool loop whose every call is a step)
  *
  * ```ts
+ * import { Effect, Layer, Schema } from "effect"
+ * import { LanguageModel, Prompt } from "effect/ai"
+ * import { Agent, AiToolkit, Tool } from "effect-rebuno"
+ *
+ * const search = Tool.make("search", {
+ *   description: "Search the web; returns result URLs.",
+ *   args: Schema.Struct({ query: Schema.String }),
+ *   success: Schema.Array(Schema.String),
+ *   execute: ({ query }) => Effect.succeed([`https://example.com/search?q=${encodeURIComponent(query)}`])
+ * })
+ * const fetchPage = Tool.make("fetch_page", {
+ *   description: "Fetch a web page; returns its text.",
+ *   args: Schema.Struct({ url: Schema.String }),
+ *   success: Schema.String,
+ *   execute: ({ url }) => Effect.tryPromise(() => fetch(url).then((response) => response.text()))
+ * })
+ *
+ * // your provider's LanguageModel, its HttpClient through Llm.transformClient (model calls are steps too)
+ * declare const LanguageModelLive: Layer.Layer<LanguageModel.LanguageModel>
+ *
  * const { toolkit, layer } = AiToolkit.make(search, fetchPage)
  *
  * const answer = (question: string) =>
  *   Effect.gen(function*() {
  *     let prompt = Prompt.make(question)
  *     while (true) {
+ *       // an llm_call step, then a tool_call step per tool call the model asks for
  *       const response = yield* LanguageModel.generateText({ prompt, toolkit })
  *       prompt = Prompt.concat(prompt, Prompt.fromResponseParts(AiToolkit.inCallOrder(response.content)))
  *       if (response.finishReason !== "tool-calls") return response.text
  *     }
  *   })
  *
- * const agent = Agent.make({
+ * const researcher = Agent.make({
  *   id: "researcher",
  *   input: Schema.Struct({ question: Schema.String }),
- *   handler: ({ question }) => answer(question).pipe(Effect.provide(layer))
+ *   handler: ({ question }) => answer(question).pipe(Effect.provide(Layer.merge(layer, LanguageModelLive)))
  * })
  * ```
  *

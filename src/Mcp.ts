@@ -322,18 +322,30 @@ export const fromClient = (
  * **Example** (The filesystem MCP server over stdio)
  *
  * ```ts
- * import { NodeServices } from "@effect/platform-node"
+ * import { NodeRuntime, NodeServices } from "@effect/platform-node"
+ * import { Effect, Layer, Schema } from "effect"
  * import { McpClient, McpProtocol } from "effect/ai"
  * import { ChildProcess } from "effect/process"
+ * import { Agent, KernelClient, Mcp } from "effect-rebuno"
  *
  * const FilesystemMcp = McpClient.layerStdio({
  *   name: "my-agent", version: "1.0.0", protocol: McpProtocol.v2025_11_25,
- *   command: ChildProcess.make("npx", ["mcp-server-filesystem", "/srv/notes"])
+ *   command: ChildProcess.make("npx", ["-y", "@modelcontextprotocol/server-filesystem", "/srv/notes"])
  * }).pipe(Layer.provide(NodeServices.layer)) // the child process spawner
  *
- * const fsTools = yield* Effect.flatMap(McpClient.McpClient, (client) => Mcp.tools(client, { prefix: "fs" }))
- * const read = fsTools.find((tool) => tool.name === "fs_read_text_file")!
- * const text = yield* read({ path: "/srv/notes/todo.md" }) // inside a run: a tool_call step
+ * // the tools are listed once, at start-up; the server process lives as long as the agent
+ * const NotesAgent = Layer.unwrap(Effect.gen(function*() {
+ *   const fsTools = yield* Effect.flatMap(McpClient.McpClient, (client) => Mcp.tools(client, { prefix: "fs" }))
+ *   const read = fsTools.find((tool) => tool.name === "fs_read_text_file")!
+ *   const notes = Agent.make({
+ *     id: "notes",
+ *     input: Schema.Struct({ path: Schema.String }),
+ *     handler: ({ path }) => read({ path }) // inside a run: a tool_call step "fs_read_text_file"
+ *   })
+ *   return Agent.serve(notes, { port: 5000 })
+ * })).pipe(Layer.provide(FilesystemMcp))
+ *
+ * NotesAgent.pipe(Layer.provide(KernelClient.layerSocketConfig()), Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.2.0

@@ -159,8 +159,26 @@ export interface RunOptions<A = unknown, I = A, RS = never, F = never, FI = neve
    * **Example** (Three tries, 1 s apart and doubling)
    *
    * ```ts
-   * const quote = Step.run("quote", fetchQuote, {
-   *   retry: Schedule.exponential("1 second").pipe(Schedule.upTo({ times: 2 }))
+   * import { Effect, Schedule, Schema } from "effect"
+   * import { Agent, Step } from "effect-rebuno"
+   *
+   * const fetchQuote = Effect.tryPromise({
+   *   try: async () => {
+   *     const response = await fetch("https://quotes.example.com/eur-usd")
+   *     if (!response.ok) throw new Error(`quote service answered ${response.status}`)
+   *     return (await response.json()) as { readonly rate: number }
+   *   },
+   *   catch: (cause) => new Error(`no quote: ${cause}`) // the message recorded with each failed try
+   * })
+   *
+   * const trader = Agent.make({
+   *   id: "trader",
+   *   handler: () =>
+   *     // tries at 0 s, 1 s and 3 s, each a local step "quote"; the third failure fails the run
+   *     Step.run("quote", fetchQuote, {
+   *       success: Schema.Struct({ rate: Schema.Number }),
+   *       retry: Schedule.exponential("1 second").pipe(Schedule.upTo({ times: 2 }))
+   *     })
    * })
    * ```
    *
@@ -303,14 +321,36 @@ const sleepUntilDeadline = (deadline: number): Effect.Effect<void> =>
  *
  * The kernel has no timers: the run stays in flight for the whole sleep, and
  * its heartbeat keeps the lease (PROTOCOL.md 5.8). Under the test kit,
- * virtual time skips to the deadline.
+ * virtual time skips to the deadline; for a sleep past an hour, give
+ * `kernel.run` a longer `timeout` (it gives up after 1 hour of virtual time).
  *
  * **Example** (Wait a day before following up)
  *
  * ```ts
- * yield* sendEmail({ to })
- * yield* Step.sleep("1 day")
- * yield* sendReminder({ to })
+ * import { Effect, Schema } from "effect"
+ * import { Agent, Step, Tool } from "effect-rebuno"
+ *
+ * // your email service
+ * declare const mailer: { send(message: { to: string; subject: string }): Promise<void> }
+ *
+ * const sendEmail = Tool.make("send_email", {
+ *   args: Schema.Struct({ to: Schema.String, subject: Schema.String }),
+ *   success: Schema.Null,
+ *   idempotency: "at_most_once",
+ *   execute: (message) => Effect.as(Effect.tryPromise(() => mailer.send(message)), null)
+ * })
+ *
+ * const onboarding = Agent.make({
+ *   id: "onboarding",
+ *   input: Schema.Struct({ to: Schema.String }),
+ *   handler: ({ to }) =>
+ *     Effect.gen(function*() {
+ *       yield* sendEmail({ to, subject: "Welcome!" })
+ *       // a re-run after a crash does not send the welcome again and sleeps only what is left
+ *       yield* Step.sleep("1 day")
+ *       yield* sendEmail({ to, subject: "How is it going?" })
+ *     })
+ * })
  * ```
  *
  * @since 0.2.0

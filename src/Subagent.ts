@@ -36,7 +36,7 @@
  *   id: "researcher",
  *   input: Schema.Struct({ documents: Schema.Array(Schema.String) }),
  *   handler: ({ documents }) =>
- *     // three children, one suspension
+ *     // one child per document, one suspension for them all
  *     Effect.forEach(documents, (text) => summarize({ text }), { concurrency: "unbounded" }).pipe(
  *       Effect.catchTag("SubagentError", (e) => Effect.fail(new Error(`child ${e.executionId} failed: ${e.failureReason}`)))
  *     )

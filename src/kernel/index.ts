@@ -195,10 +195,17 @@ export const logger = (format: LogFormat): Logger.Logger<unknown, void> =>
  * **Example** (An embedded kernel logging JSON lines at `Debug` and above)
  *
  * ```ts
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Layer, References } from "effect"
+ * import * as Kernel from "effect-rebuno/kernel"
+ *
+ * // on 127.0.0.1:8080, as `effect-rebuno dev --port 8080 --log-format json --log-level debug`
  * const KernelLive = Kernel.layer({ port: 8080 }).pipe(
  *   Layer.provide(Kernel.layerLogger("json")),
  *   Layer.provide(Layer.succeed(References.MinimumLogLevel, "Debug"))
  * )
+ *
+ * KernelLive.pipe(Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.2.0
@@ -258,8 +265,14 @@ export const startOptionsFromConfig = (env: KernelConfig.KernelConfig, options: 
  * **Example** (An embedded kernel configured by its environment)
  *
  * ```ts
- * // REBUNO_LISTEN_ADDR=127.0.0.1:8080 REBUNO_DISPATCH_LEASE_TIMEOUT=30s
+ * import { NodeRuntime } from "@effect/platform-node"
+ * import { Layer } from "effect"
+ * import * as Kernel from "effect-rebuno/kernel"
+ *
+ * // REBUNO_LISTEN_ADDR=127.0.0.1:8080 REBUNO_DISPATCH_LEASE_TIMEOUT=30s npx tsx kernel.ts
  * const KernelLive = Kernel.layerConfig({ manifest: "rebuno.dev.yaml" })
+ *
+ * KernelLive.pipe(Layer.launch, NodeRuntime.runMain)
  * ```
  *
  * @since 0.2.0

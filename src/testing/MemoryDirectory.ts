@@ -19,6 +19,7 @@
  * **Example** (An agent that edits files, its crash, and a restore)
  *
  * ```ts
+ * import { expect, it } from "@effect/vitest"
  * import { Effect, Schema } from "effect"
  * import { Agent, Resource, Tool } from "effect-rebuno"
  * import { MemoryDirectory, TestKernel } from "effect-rebuno/testing"
@@ -37,11 +38,20 @@
  * })
  *
  * const disk = MemoryDirectory.make()
- * const test = Effect.gen(function*() {
- *   const kernel = yield* TestKernel.TestKernel
- *   const run = yield* kernel.run(scribe, {})
- *   disk.files(run.executionId, "workspace") // { "a.txt": "alpha", "b.txt": "beta" }
- * }).pipe(Effect.provide(TestKernel.layer({ agents: [scribe] })), Effect.provide(disk.layer))
+ *
+ * it.effect("edits files, survives a crash, restores a checkpoint", () =>
+ *   Effect.gen(function*() {
+ *     const kernel = yield* TestKernel.TestKernel
+ *     // the process dies after the first write; the redelivery reopens the same directory
+ *     const run = yield* kernel.run(scribe, {}, { crash: { afterSteps: 1 } })
+ *     expect(run.deliveries).toBe(2)
+ *     expect(disk.files(run.executionId, "workspace")).toEqual({ "a.txt": "alpha", "b.txt": "beta" })
+ *     // a fork at the second write starts from the checkpoint taken after the first
+ *     const fork = yield* kernel.fork(run, { atStep: 1 })
+ *     const restored = fork.restoration?.["workspace"]?.checkpointRef
+ *     expect(disk.checkpoint(restored!)).toEqual({ "a.txt": "alpha" })
+ *     expect(disk.files(fork.executionId, "workspace")).toEqual({ "a.txt": "alpha", "b.txt": "beta" })
+ *   }).pipe(Effect.provide(TestKernel.layer({ agents: [scribe] })), Effect.provide(disk.layer)))
  * ```
  *
  * @since 0.2.0
