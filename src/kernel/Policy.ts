@@ -1295,29 +1295,43 @@ const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\
 /** Go's JSON decoder turns escaped lone surrogates into U+FFFD. */
 const wellFormed = (s: string): string => s.replace(loneSurrogate, "\ufffd")
 
-/** Converts `JSON.parse` output to what Go decodes into `any`; `undefined` when Go would fail. */
+/**
+ * Converts `JSON.parse` output to what Go decodes into `any`; not `ok` when Go
+ * would fail. Iterative, as arguments may nest up to the decoder's 10,000
+ * levels: a container is converted to an empty array or map at once and queued
+ * with its source, and the queue is drained filling each from its source.
+ */
 const toGoValue = (value: unknown): { readonly ok: boolean; readonly value: unknown } => {
-  if (typeof value === "string") return { ok: true, value: wellFormed(value) }
-  if (typeof value === "number") return { ok: Number.isFinite(value), value }
-  if (Array.isArray(value)) {
-    const items: Array<unknown> = []
-    for (const item of value) {
-      const converted = toGoValue(item)
-      if (!converted.ok) return converted
-      items.push(converted.value)
+  const queue: Array<readonly [source: unknown, target: Array<unknown> | Map<string, unknown>]> = []
+  let ok = true
+  const convert = (u: unknown): unknown => {
+    if (typeof u === "string") return wellFormed(u)
+    if (typeof u === "number") {
+      if (!Number.isFinite(u)) ok = false
+      return u
     }
-    return { ok: true, value: items }
-  }
-  if (value !== null && typeof value === "object") {
-    const members = new Map<string, unknown>()
-    for (const [key, member] of Object.entries(value)) {
-      const converted = toGoValue(member)
-      if (!converted.ok) return converted
-      members.set(wellFormed(key), converted.value)
+    if (Array.isArray(u)) {
+      const items: Array<unknown> = []
+      queue.push([u, items])
+      return items
     }
-    return { ok: true, value: members }
+    if (u !== null && typeof u === "object") {
+      const members = new Map<string, unknown>()
+      queue.push([u, members])
+      return members
+    }
+    return u
   }
-  return { ok: true, value }
+  const converted = convert(value)
+  while (ok && queue.length > 0) {
+    const [source, target] = queue.pop()!
+    if (Array.isArray(target)) {
+      for (const item of source as ReadonlyArray<unknown>) target.push(convert(item))
+    } else {
+      for (const [key, member] of Object.entries(source as object)) target.set(wellFormed(key), convert(member))
+    }
+  }
+  return { ok, value: converted }
 }
 
 /** `args` as a JSON object, or `undefined` when absent, invalid, `null` or not an object. */

@@ -426,14 +426,15 @@ const decodeCaptures = (
     const trimmed = raw.trim()
     if (!trimmed.startsWith("[")) return undefined
     // Each element as raw text: parse once, re-serialise objects for strict member decoding.
-    let parsed: unknown
+    // `JSON.stringify` recurses natively and throws on an element nested a few thousand
+    // levels deep; such an element is refused anyway (a capture's members are all scalars).
     try {
-      parsed = JSON.parse(trimmed)
+      const parsed: unknown = JSON.parse(trimmed)
+      if (!Array.isArray(parsed)) return undefined
+      return parsed.map((item) => JSON.stringify(item))
     } catch {
       return undefined
     }
-    if (!Array.isArray(parsed)) return undefined
-    return parsed.map((item) => JSON.stringify(item))
   }
   const captureItems = items(capturesRaw)
   const failureItems = items(failuresRaw)

@@ -510,6 +510,12 @@ rules:
     expect(withArgs(bundle, `{"cmd":"git log"}`)).toBe("deny")
   })
 
+  it("arguments nested 9,999 deep are judged (as Go decodes up to 10,000 levels), not a stack overflow", () => {
+    const deep = "[".repeat(9_999) + "\"ls\"" + "]".repeat(9_999)
+    expect(withArgs(argumentRule(`{ contains: ls }`), `{"v":${deep}}`)).toBe("allow")
+    expect(withArgs(argumentRule(`{ equals: x }`), `{"v":${deep}}`)).toBe("deny")
+  })
+
   it("argument predicates fail without a JSON object", () => {
     const bundle = argumentRule(`{ regex: ".*" }`)
     expect(withArgs(bundle, `{"v":""}`)).toBe("allow")

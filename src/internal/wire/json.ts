@@ -201,9 +201,6 @@ const whole = <A>(text: string, read: () => boolean, result: () => A, compacting
     if (pos >= len || !read()) return undefined
     skipWs()
     return pos === len ? result() : undefined
-  } catch {
-    // Only a stack overflow on pathologically deep input can land here.
-    return undefined
   } finally {
     end()
   }
@@ -404,17 +401,9 @@ const walkString = (): boolean => {
   }
 }
 
-const walkValue = (depth: number): boolean => {
-  const c = src.charCodeAt(pos)
+/** Validates the scalar at `pos`, whose first character is `c`. */
+const walkScalar = (c: number): boolean => {
   switch (c) {
-    case 0x7b: // {
-      return depth < MAX_DEPTH &&
-        scanItems(
-          0x7d,
-          () => src.charCodeAt(pos) === 0x22 && walkString() && scanColon() && walkValue(depth + 1)
-        )
-    case 0x5b: // [
-      return depth < MAX_DEPTH && scanItems(0x5d, () => walkValue(depth + 1))
     case 0x22:
       return walkString()
     case 0x74:
@@ -425,6 +414,59 @@ const walkValue = (depth: number): boolean => {
       return scanLiteral("null")
     default:
       return scanNumber()
+  }
+}
+
+/** A well-formed object key at `pos` and the `:` after it. */
+const walkKey = (): boolean => src.charCodeAt(pos) === 0x22 && walkString() && scanColon()
+
+/**
+ * Closing bracket (`]` or `}`) of each container {@link walkValue} has entered
+ * and not yet left, innermost last; shared, as `walkValue` is never re-entered.
+ */
+const openClosers = new Uint8Array(MAX_DEPTH)
+
+/**
+ * Validates the value at `pos` (nested `depth` containers deep), and compacts it
+ * when `chunks` is set. Iterative, so that any nesting up to {@link MAX_DEPTH}
+ * works whatever the caller's stack: the containers entered and not yet closed
+ * are counted in `open`, with their closers in `openClosers`.
+ */
+const walkValue = (depth: number): boolean => {
+  let open = 0
+  for (;;) {
+    // A value starts at `pos`: read a scalar, or enter a container and go on to its first item.
+    const c = src.charCodeAt(pos)
+    if (c === 0x7b || c === 0x5b) { // { [
+      if (depth + open >= MAX_DEPTH) return false
+      const close = c + 2 // } ]
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === close) {
+        pos++ // empty: a complete value
+      } else {
+        openClosers[open++] = close
+        if (c === 0x7b && !walkKey()) return false
+        continue
+      }
+    } else if (!walkScalar(c)) {
+      return false
+    }
+    // A value ended: after it comes `,` and the next item (with its key in an
+    // object), or the closer of its container, which ends that container too.
+    for (;;) {
+      if (open === 0) return true
+      skipWs()
+      const d = src.charCodeAt(pos)
+      pos++
+      if (d === 0x2c) {
+        skipWs()
+        if (openClosers[open - 1] === 0x7d && !walkKey()) return false
+        break
+      }
+      if (d !== openClosers[open - 1]) return false
+      open--
+    }
   }
 }
 
@@ -555,52 +597,38 @@ const sortedMembers = (keys: ReadonlyArray<string>, members: ReadonlyArray<strin
   return out
 }
 
-const canonValue = (depth: number): string | undefined => {
-  const c = src.charCodeAt(pos)
+/**
+ * A container {@link canonValue} has entered and not yet closed. An array keeps
+ * its canonical text so far; an object keeps its keys and members in the order
+ * written (members as canonical `"key":value` text), whether they came sorted
+ * and without duplicates, and the key whose value is being read.
+ */
+interface CanonFrame {
+  readonly isObject: boolean
+  /** Array: `[` and the items so far, comma-separated. */
+  text: string
+  keys: Array<string> | undefined
+  members: Array<string> | undefined
+  sorted: boolean
+  /** Object: the decoded key awaiting its value, and its canonical quoted form. */
+  key: string
+  quotedKey: string
+}
+
+/** Reads the object key at `pos` and the `:` after it into `frame`. */
+const canonKey = (frame: CanonFrame): boolean => {
+  if (src.charCodeAt(pos) !== 0x22) return false
+  const keyStart = pos
+  const key = readString()
+  if (key === undefined) return false
+  frame.key = key
+  frame.quotedKey = stringClean ? src.slice(keyStart, pos) : quoteString(key)
+  return scanColon()
+}
+
+/** The canonical text of the scalar at `pos`. */
+const canonScalar = (c: number): string | undefined => {
   switch (c) {
-    case 0x7b: { // {
-      if (depth >= MAX_DEPTH) return undefined
-      // Keys and members in the order written; nothing is allocated for `{}`. Members
-      // written in sorted order with no duplicate (the common case) are joined as they
-      // are; otherwise the last duplicate wins and the keys are sorted.
-      let keys: Array<string> | undefined
-      let members: Array<string> | undefined
-      let sorted = true
-      const ok = scanItems(0x7d, () => {
-        if (src.charCodeAt(pos) !== 0x22) return false
-        const keyStart = pos
-        const key = readString()
-        if (key === undefined) return false
-        const quotedKey = stringClean ? src.slice(keyStart, pos) : quoteString(key)
-        if (!scanColon()) return false
-        const value = canonValue(depth + 1)
-        if (value === undefined) return false
-        if (keys === undefined || members === undefined) {
-          keys = [key]
-          members = [quotedKey + ":" + value]
-        } else {
-          if (sorted && compareCodePoints(keys[keys.length - 1]!, key) >= 0) sorted = false
-          keys.push(key)
-          members.push(quotedKey + ":" + value)
-        }
-        return true
-      })
-      if (!ok) return undefined
-      if (keys === undefined || members === undefined) return "{}"
-      if (sorted) return members.length === 1 ? "{" + members[0]! + "}" : "{" + members.join(",") + "}"
-      return "{" + sortedMembers(keys, members) + "}"
-    }
-    case 0x5b: { // [
-      if (depth >= MAX_DEPTH) return undefined
-      let out = "["
-      const ok = scanItems(0x5d, (index) => {
-        const value = canonValue(depth + 1)
-        if (value === undefined) return false
-        out += index === 0 ? value : "," + value
-        return true
-      })
-      return ok ? out + "]" : undefined
-    }
     case 0x22:
       return canonString()
     case 0x74:
@@ -612,6 +640,85 @@ const canonValue = (depth: number): string | undefined => {
     default: {
       const start = pos
       return scanNumber() ? src.slice(start, pos) : undefined
+    }
+  }
+}
+
+/**
+ * The canonical text of the value at `pos`. Iterative, so that any nesting up
+ * to {@link MAX_DEPTH} works whatever the caller's stack: `frame` is the
+ * innermost container entered and not yet closed, `outer` the ones around it
+ * (outermost first), `depth` their number. Empty containers never get a frame.
+ */
+const canonValue = (): string | undefined => {
+  let frame: CanonFrame | undefined
+  const outer: Array<CanonFrame> = []
+  let depth = 0
+  for (;;) {
+    // A value starts at `pos`: read a scalar, or enter a container and go on to its first item.
+    let value: string | undefined
+    const c = src.charCodeAt(pos)
+    if (c === 0x7b || c === 0x5b) { // { [
+      if (depth >= MAX_DEPTH) return undefined
+      const isObject = c === 0x7b
+      pos++
+      skipWs()
+      if (src.charCodeAt(pos) === c + 2) { // } ]
+        pos++
+        value = isObject ? "{}" : "[]"
+      } else {
+        if (frame !== undefined) outer.push(frame)
+        frame = { isObject, text: "[", keys: undefined, members: undefined, sorted: true, key: "", quotedKey: "" }
+        depth++
+        if (isObject && !canonKey(frame)) return undefined
+        continue
+      }
+    } else {
+      value = canonScalar(c)
+      if (value === undefined) return undefined
+    }
+    // A value ended: add it to its container; then comes `,` and the next item
+    // (read its key in an object), or the closer, which ends the container,
+    // whose text is in turn the value ended in the container around it.
+    for (;;) {
+      if (frame === undefined) return value
+      if (frame.isObject) {
+        // Members written in sorted order with no duplicate (the common case) are
+        // joined as they are; otherwise the last duplicate wins and the keys are sorted.
+        const member: string = frame.quotedKey + ":" + value
+        if (frame.keys === undefined || frame.members === undefined) {
+          frame.keys = [frame.key]
+          frame.members = [member]
+        } else {
+          if (frame.sorted && compareCodePoints(frame.keys[frame.keys.length - 1]!, frame.key) >= 0) {
+            frame.sorted = false
+          }
+          frame.keys.push(frame.key)
+          frame.members.push(member)
+        }
+      } else {
+        frame.text += frame.text.length === 1 ? value : "," + value
+      }
+      skipWs()
+      const d = src.charCodeAt(pos)
+      pos++
+      if (d === 0x2c) {
+        skipWs()
+        if (frame.isObject && !canonKey(frame)) return undefined
+        break
+      }
+      if (frame.isObject) {
+        if (d !== 0x7d) return undefined
+        const members: Array<string> = frame.members!
+        value = frame.sorted ?
+          (members.length === 1 ? "{" + members[0]! + "}" : "{" + members.join(",") + "}") :
+          "{" + sortedMembers(frame.keys!, members) + "}"
+      } else {
+        if (d !== 0x5d) return undefined
+        value = frame.text + "]"
+      }
+      frame = outer.pop()
+      depth--
     }
   }
 }
@@ -632,7 +739,7 @@ const canonValue = (depth: number): string | undefined => {
  */
 export const canonicalize = (raw: string): string | undefined => {
   let out: string | undefined
-  return whole(raw, () => (out = canonValue(0)) !== undefined, () => out!)
+  return whole(raw, () => (out = canonValue()) !== undefined, () => out!)
 }
 
 // ---------------------------------------------------------------------------
@@ -809,14 +916,15 @@ const describeObject = (value: object): string => {
 
 const isPlainPrototype = (proto: unknown): boolean => proto === null || Object.getPrototypeOf(proto) === null
 
-/** Returns the reason the value is not JSON, leaving the path to it in `segments`. */
 /** Nesting beyond which {@link isPlainJson} gives up (cycles end up here too). */
 const QUICK_DEPTH = 64
 
 /**
  * The quick check of {@link stringifyStrict}: is `value` JSON as it stands, and
  * no deeper than {@link QUICK_DEPTH}? Allocates nothing; `false` sends the
- * caller to {@link checkJson}, which finds the reason and its path.
+ * caller to {@link writeJson}, which finds the reason and its path. Its
+ * recursion is bounded by `QUICK_DEPTH`, and so is that of `JSON.stringify`
+ * on the values it passes.
  */
 const isPlainJson = (value: unknown, depth: number): boolean => {
   switch (typeof value) {
@@ -846,15 +954,9 @@ const isPlainJson = (value: unknown, depth: number): boolean => {
   return true
 }
 
-const checkJson = (
-  value: unknown,
-  segments: Array<string | number>,
-  ancestors: Set<object>
-): string | undefined => {
+/** Why a value that is not an object is not JSON; `undefined` for a string, boolean or finite number. */
+const scalarReason = (value: unknown): string | undefined => {
   switch (typeof value) {
-    case "string":
-    case "boolean":
-      return undefined
     case "number":
       return Number.isFinite(value) ? undefined : `${value} is not a JSON number`
     case "undefined":
@@ -865,32 +967,88 @@ const checkJson = (
       return "a symbol is not a JSON value"
     case "bigint":
       return "a bigint is not a JSON value"
+    default:
+      return undefined
   }
-  if (value === null) return undefined
-  const obj = value as object
-  if (ancestors.has(obj)) return "circular reference"
-  if (Array.isArray(obj)) {
-    ancestors.add(obj)
-    for (let i = 0; i < obj.length; i++) {
-      segments.push(i)
-      const reason = checkJson(obj[i], segments, ancestors)
-      if (reason !== undefined) return reason
-      segments.pop()
+}
+
+/** An array or object {@link writeJson} has entered and not yet closed. */
+interface WriteFrame {
+  readonly value: object
+  /** An object's keys (`Object.keys`, the order `JSON.stringify` uses); `undefined` for an array. */
+  readonly keys: ReadonlyArray<string> | undefined
+  /** The number of items or members written so far. */
+  index: number
+}
+
+/**
+ * The slow path of {@link stringifyStrict}: checks `root` as a whole and writes
+ * the text `JSON.stringify` would write for it. Iterative, since the values
+ * that get here may be nested far deeper than `JSON.stringify` can recurse
+ * (a few thousand levels, fewer in a deep caller): `open` holds the containers
+ * entered and not yet closed, innermost last, and `segments[k]` is the index
+ * or key, within `open[k]`, of the value being visited — its JSONPath.
+ */
+const writeJson = (root: unknown): StrictResult => {
+  const open: Array<WriteFrame> = []
+  const segments: Array<string | number> = []
+  const ancestors = new Set<object>()
+  let out = ""
+  let value = root
+  for (;;) {
+    // Write `value`, or enter it when it is a non-empty container.
+    let reason: string | undefined
+    if (typeof value === "string" || typeof value === "number") {
+      reason = scalarReason(value)
+      if (reason === undefined) out += JSON.stringify(value)
+    } else if (typeof value === "boolean") {
+      out += value ? "true" : "false"
+    } else if (value === null) {
+      out += "null"
+    } else if (typeof value !== "object") {
+      reason = scalarReason(value)
+    } else if (ancestors.has(value)) {
+      reason = "circular reference"
+    } else if (!Array.isArray(value) && !isPlainPrototype(Object.getPrototypeOf(value))) {
+      reason = describeObject(value)
+    } else if (open.length >= MAX_DEPTH) {
+      reason = `exceeded max depth (${MAX_DEPTH} nested arrays and objects)`
+    } else {
+      const keys = Array.isArray(value) ? undefined : Object.keys(value)
+      out += keys === undefined ? "[" : "{"
+      ancestors.add(value)
+      open.push({ value, keys, index: 0 })
     }
-    ancestors.delete(obj)
-    return undefined
+    if (reason !== undefined) return { _tag: "Invalid", reason, path: renderPath(segments) }
+    // Go on to the next item of the innermost open container, closing those that are done.
+    for (;;) {
+      if (open.length === 0) return { _tag: "Ok", json: out }
+      const frame = open[open.length - 1]!
+      segments.length = open.length - 1
+      const i = frame.index++
+      if (frame.keys === undefined) {
+        const array = frame.value as ReadonlyArray<unknown>
+        if (i < array.length) {
+          if (i > 0) out += ","
+          segments.push(i)
+          value = array[i]
+          break
+        }
+        out += "]"
+      } else {
+        if (i < frame.keys.length) {
+          const key = frame.keys[i]!
+          out += (i > 0 ? "," : "") + JSON.stringify(key) + ":"
+          segments.push(key)
+          value = (frame.value as Record<string, unknown>)[key]
+          break
+        }
+        out += "}"
+      }
+      ancestors.delete(frame.value)
+      open.pop()
+    }
   }
-  if (!isPlainPrototype(Object.getPrototypeOf(obj))) return describeObject(obj)
-  ancestors.add(obj)
-  const record = obj as Record<string, unknown>
-  for (const key of Object.keys(record)) {
-    segments.push(key)
-    const reason = checkJson(record[key], segments, ancestors)
-    if (reason !== undefined) return reason
-    segments.pop()
-  }
-  ancestors.delete(obj)
-  return undefined
 }
 
 /**
@@ -900,7 +1058,9 @@ const checkJson = (
  * cycles and objects that are neither arrays nor plain objects (`Date`, `Map`,
  * class instances, boxed primitives, objects with `toJSON` …) are rejected with a
  * reason and the JSONPath of the offending value. Symbol-keyed and non-enumerable
- * properties are ignored, as `JSON.stringify` ignores them.
+ * properties are ignored, as `JSON.stringify` ignores them. Nesting deeper than
+ * 10,000 arrays and objects is rejected too (the kernel's limit, as Go's);
+ * anything up to that is serialised whatever the depth of the caller's stack.
  *
  * For example, `stringifyStrict({ a: [1, NaN] })` is
  * `{ _tag: "Invalid", reason: "NaN is not a JSON number", path: "$.a[1]" }`.
@@ -909,15 +1069,12 @@ const checkJson = (
  * @category encoding
  */
 export const stringifyStrict = (value: unknown): StrictResult => {
-  const segments: Array<string | number> = []
   try {
     if (isPlainJson(value, 0)) return { _tag: "Ok", json: JSON.stringify(value) }
     // Not JSON, or deeper than the quick check goes: walk it again, tracking the path and cycles.
-    const reason = checkJson(value, segments, new Set())
-    if (reason !== undefined) return { _tag: "Invalid", reason, path: renderPath(segments) }
-    return { _tag: "Ok", json: JSON.stringify(value) }
+    return writeJson(value)
   } catch {
-    // A stack overflow on pathologically deep input, or a throwing getter.
-    return { _tag: "Invalid", reason: "value cannot be serialised (too deep, or a getter threw)", path: "$" }
+    // A getter or proxy trap threw.
+    return { _tag: "Invalid", reason: "value cannot be serialised (a getter or proxy trap threw)", path: "$" }
   }
 }

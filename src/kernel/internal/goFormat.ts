@@ -57,6 +57,49 @@ export const compareCodePoints = (a: string, b: string): number => {
  * @category formatting
  */
 export const formatValue = (value: unknown): string => {
+  // Iterative, as arguments may nest up to the decoder's 10,000 levels: `open`
+  // holds the arrays and maps being written, innermost last, with their items
+  // (a map's as sorted `[key, value]` entries) and the index of the next one.
+  const open: Array<{ readonly items: ReadonlyArray<unknown>; readonly isMap: boolean; index: number }> = []
+  let out = ""
+  let current = value
+  for (;;) {
+    if (Array.isArray(current)) {
+      out += "["
+      open.push({ items: current, isMap: false, index: 0 })
+    } else if (typeof current === "object" && current !== null) {
+      const entries = current instanceof Map
+        ? [...(current as ReadonlyMap<string, unknown>).entries()]
+        : Object.entries(current as Record<string, unknown>)
+      entries.sort(([a], [b]) => compareCodePoints(a, b))
+      out += "map["
+      open.push({ items: entries, isMap: true, index: 0 })
+    } else {
+      out += formatScalar(current)
+    }
+    // Go on to the next item of the innermost open container, closing those that are done.
+    for (;;) {
+      if (open.length === 0) return out
+      const frame = open[open.length - 1]!
+      if (frame.index < frame.items.length) {
+        if (frame.index > 0) out += " "
+        const item = frame.items[frame.index++]
+        if (frame.isMap) {
+          const [key, member] = item as readonly [string, unknown]
+          out += key + ":"
+          current = member
+        } else {
+          current = item
+        }
+        break
+      }
+      out += "]"
+      open.pop()
+    }
+  }
+}
+
+const formatScalar = (value: unknown): string => {
   if (value === null || value === undefined) return "<nil>"
   switch (typeof value) {
     case "string":
@@ -65,14 +108,6 @@ export const formatValue = (value: unknown): string => {
       return value ? "true" : "false"
     case "number":
       return formatFloat(value)
-    case "object": {
-      if (Array.isArray(value)) return `[${value.map(formatValue).join(" ")}]`
-      const entries = value instanceof Map
-        ? [...(value as ReadonlyMap<string, unknown>).entries()]
-        : Object.entries(value as Record<string, unknown>)
-      entries.sort(([a], [b]) => compareCodePoints(a, b))
-      return `map[${entries.map(([k, v]) => `${k}:${formatValue(v)}`).join(" ")}]`
-    }
     default:
       return String(value)
   }

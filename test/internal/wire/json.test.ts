@@ -311,3 +311,226 @@ describe("stringifyStrict", () => {
     expect(invalid({ toJSON: () => "x" })).toMatchObject({ path: "$.toJSON" })
   })
 })
+
+// ---------------------------------------------------------------------------
+// Deep nesting: Go's decoder takes up to 10,000 nested arrays and objects.
+// ---------------------------------------------------------------------------
+
+/** Runs `f` from `frames` recursive calls deep, as a route handler far down a stack would. */
+const fromDeepStack = <A>(frames: number, f: () => A): A => frames === 0 ? f() : fromDeepStack(frames - 1, f)
+
+/** `depth` nested containers around `"<"`, written with whitespace, with their compact and canonical forms. */
+const nested = (depth: number, shape: "array" | "object" | "mixed") => {
+  let text = `"<"`
+  let compacted = `"\\u003c"`
+  let canonical = compacted
+  for (let i = 0; i < depth; i++) {
+    if (shape === "array" || (shape === "mixed" && i % 2 === 0)) {
+      text = `[ 1 ,\n${text} ]`
+      compacted = `[1,${compacted}]`
+      canonical = `[1,${canonical}]`
+    } else {
+      // Out of order, and a duplicate the last member overrides.
+      text = `{ "z" : 0 , "a" : null, "a" : ${text} }`
+      compacted = `{"z":0,"a":null,"a":${compacted}}`
+      canonical = `{"a":${canonical},"z":0}`
+    }
+  }
+  return { text, compacted, canonical }
+}
+
+describe("deep nesting", () => {
+  const shapes = ["array", "object", "mixed"] as const
+
+  it.each(shapes)("accepts %s nesting up to 10,000 levels, from any stack depth", (shape) => {
+    const { canonical, compacted, text } = nested(10_000, shape)
+    for (const frames of [0, 5_000]) {
+      expect(fromDeepStack(frames, () => Json.canonicalize(text))).toBe(canonical)
+      expect(fromDeepStack(frames, () => Json.compact(text))).toBe(compacted)
+      expect(fromDeepStack(frames, () => Json.canonicalize(canonical))).toBe(canonical)
+      expect(fromDeepStack(frames, () => Json.compact(compacted))).toBe(compacted)
+    }
+  })
+
+  it.each(shapes)("refuses %s nesting of 10,001 and 100,000 levels without throwing, from any stack depth", (shape) => {
+    for (const depth of [10_001, 100_000]) {
+      const { compacted, text } = nested(depth, shape)
+      for (const frames of [0, 5_000]) {
+        for (const t of [text, compacted]) {
+          expect(fromDeepStack(frames, () => Json.canonicalize(t))).toBeUndefined()
+          expect(fromDeepStack(frames, () => Json.compact(t))).toBeUndefined()
+        }
+      }
+    }
+  })
+
+  it("counts the top-level object of a body as a level", () => {
+    for (const frames of [0, 5_000]) {
+      const ok = nested(9_999, "mixed")
+      const members = fromDeepStack(frames, () => Json.parseObjectMembers(`{"agent_id":"a","input":${ok.text}}`))
+      expect(members?.get("input")).toBe(ok.text)
+      const tooDeep = nested(10_000, "mixed")
+      expect(fromDeepStack(frames, () => Json.parseObjectMembers(`{"input":${tooDeep.text}}`))).toBeUndefined()
+      const huge = "[".repeat(100_000) + "]".repeat(100_000)
+      expect(fromDeepStack(frames, () => Json.parseObjectMembers(`{"input":${huge}}`))).toBeUndefined()
+    }
+  })
+
+  it("the example body of 9,998 nested arrays is a valid request body", () => {
+    const body = `{"agent_id":"a","input":` + "[".repeat(9_998) + "]".repeat(9_998) + `}`
+    expect(Json.parseObjectMembers(body)?.get("input")).toBe("[".repeat(9_998) + "]".repeat(9_998))
+    expect(Json.compact(body)).toBe(body)
+    expect(Json.canonicalize(body)).toBe(body)
+  })
+
+  it("stringifyStrict serialises values up to 10,000 levels and refuses deeper ones, from any stack depth", () => {
+    const value = (depth: number, shape: "array" | "object" | "mixed"): unknown => {
+      let v: unknown = "<"
+      for (let i = 0; i < depth; i++) {
+        v = shape === "array" || (shape === "mixed" && i % 2 === 0) ? [1, v] : { z: 0, a: v }
+      }
+      return v
+    }
+    const expected = (depth: number, shape: "array" | "object" | "mixed"): string => {
+      let text = `"<"`
+      for (let i = 0; i < depth; i++) {
+        text = shape === "array" || (shape === "mixed" && i % 2 === 0) ? `[1,${text}]` : `{"z":0,"a":${text}}`
+      }
+      return text
+    }
+    for (const shape of shapes) {
+      for (const frames of [0, 5_000]) {
+        expect(fromDeepStack(frames, () => Json.stringifyStrict(value(10_000, shape)))).toEqual({
+          _tag: "Ok",
+          json: expected(10_000, shape)
+        })
+        for (const depth of [10_001, 100_000]) {
+          const result = fromDeepStack(frames, () => Json.stringifyStrict(value(depth, shape)))
+          expect(result).toMatchObject({ _tag: "Invalid", reason: expect.stringContaining("exceeded max depth") })
+          if (result._tag === "Invalid") expect(result.path.length).toBeGreaterThan(10_000)
+        }
+      }
+    }
+  })
+
+  it("stringifyStrict reports the path of an invalid value deeper than the quick check", () => {
+    let value: unknown = { bad: [1, undefined] }
+    for (let i = 0; i < 100; i++) value = [value]
+    expect(Json.stringifyStrict(value)).toEqual({
+      _tag: "Invalid",
+      reason: "undefined is not a JSON value",
+      path: "$" + "[0]".repeat(100) + ".bad[1]"
+    })
+    const cycle: Array<unknown> = []
+    let inner: Array<unknown> = cycle
+    for (let i = 0; i < 100; i++) inner = (inner[0] = [])
+    inner.push(cycle)
+    expect(Json.stringifyStrict(cycle)).toMatchObject({ reason: "circular reference", path: "$" + "[0]".repeat(101) })
+  })
+})
+
+// ---------------------------------------------------------------------------
+// Random JSON written with whitespace and duplicate keys, against a model
+// ---------------------------------------------------------------------------
+
+/** Orders keys by code point (UTF-8 byte order), as 8.3 does. */
+const byCodePoint = (a: string, b: string): number => Buffer.compare(Buffer.from(a), Buffer.from(b))
+
+/** The canonical text of a JSON value (8.3), from its meaning; numbers as `JSON.stringify` wrote them. */
+const canonicalModel = (value: unknown): string => {
+  if (typeof value === "string") return Json.quoteString(value)
+  if (Array.isArray(value)) return "[" + value.map(canonicalModel).join(",") + "]"
+  if (typeof value === "object" && value !== null) {
+    const record = value as Record<string, unknown>
+    return "{" +
+      Object.keys(record).sort(byCodePoint).map((k) => Json.quoteString(k) + ":" + canonicalModel(record[k])).join(",") +
+      "}"
+  }
+  return JSON.stringify(value)
+}
+
+/** A string token as written and as compacted (2.8: raw `<>&` U+2028 U+2029 escaped, nothing else changed). */
+const stringToken = (s: string) => {
+  const written = JSON.stringify(s)
+  return { written, compacted: written.replace(/[<>&\u2028\u2029]/g, (c) => Json.quoteString(c).slice(1, -1)) }
+}
+
+/**
+ * `value` written with the whitespace `ws` chooses between tokens and, where
+ * `dup` says so, an earlier duplicate of an object member (which the later one
+ * overrides), with the text compaction must give.
+ */
+const writeJson = (value: unknown, ws: () => string, dup: () => boolean): { text: string; compacted: string } => {
+  if (typeof value === "string") {
+    const { compacted, written } = stringToken(value)
+    return { text: written, compacted }
+  }
+  if (Array.isArray(value)) {
+    const items = value.map((item) => writeJson(item, ws, dup))
+    return {
+      text: "[" + ws() + items.map((i) => i.text).join(ws() + "," + ws()) + ws() + "]",
+      compacted: "[" + items.map((i) => i.compacted).join(",") + "]"
+    }
+  }
+  if (typeof value === "object" && value !== null) {
+    const members: Array<{ text: string; compacted: string }> = []
+    for (const [key, member] of Object.entries(value)) {
+      const k = stringToken(key)
+      if (dup()) members.push({ text: k.written + ws() + ":" + ws() + "[ 0 ]", compacted: k.compacted + ":[0]" })
+      const v = writeJson(member, ws, dup)
+      members.push({ text: k.written + ws() + ":" + ws() + v.text, compacted: k.compacted + ":" + v.compacted })
+    }
+    return {
+      text: "{" + ws() + members.map((m) => m.text).join(ws() + "," + ws()) + ws() + "}",
+      compacted: "{" + members.map((m) => m.compacted).join(",") + "}"
+    }
+  }
+  const text = JSON.stringify(value)
+  return { text, compacted: text }
+}
+
+describe("canonicalize and compact against a model (property)", () => {
+  const whitespace = fc.array(fc.constantFrom("", "", "", " ", "\n", "\t", "\r\n  "), { minLength: 64, maxLength: 64 })
+  const flags = fc.array(fc.boolean(), { minLength: 16, maxLength: 16 })
+  const cycle = <A>(xs: ReadonlyArray<A>) => {
+    let i = 0
+    return () => xs[i++ % xs.length]!
+  }
+  const value = fc.oneof(
+    fc.jsonValue(),
+    fc.json().map((text) => JSON.parse(text) as unknown),
+    fc.jsonValue({ depthSize: "large", maxDepth: 30 }),
+    fc.string({ unit: "binary" }).map((s) => ({ [s.slice(0, 3)]: s, "<&>": [s] }))
+  )
+  // Wrapped in up to 200 containers, past the depth where recursion would show.
+  const wrapped = fc.tuple(value, fc.array(fc.constantFrom("array", "object"), { maxLength: 200 })).map(
+    ([inner, wrappers]) =>
+      wrappers.reduce<unknown>((v, w, i) => (w === "array" ? [v, i] : { [`k${i % 7}`]: v, b: i }), inner)
+  )
+
+  it("gives the canonical and compact forms of random JSON written with whitespace and duplicate keys", () => {
+    fc.assert(
+      fc.property(wrapped, whitespace, flags, (v, ws, dups) => {
+        const { compacted, text } = writeJson(v, cycle(ws), cycle(dups))
+        const canonical = canonicalModel(v)
+        expect(Json.canonicalize(text)).toBe(canonical)
+        expect(Json.canonicalize(compacted)).toBe(canonical)
+        expect(Json.compact(text)).toBe(compacted)
+        expect(Json.compact(compacted)).toBe(compacted)
+        if (typeof v === "object" && v !== null && !Array.isArray(v)) {
+          expect(Json.parseObjectMembers(text)).toBeDefined()
+        }
+      }),
+      { numRuns: 300 }
+    )
+  })
+
+  it("stringifyStrict writes what JSON.stringify writes, at any depth (property)", () => {
+    fc.assert(
+      fc.property(wrapped, (v) => {
+        expect(Json.stringifyStrict(v)).toEqual({ _tag: "Ok", json: JSON.stringify(v) })
+      }),
+      { numRuns: 300 }
+    )
+  })
+})
