@@ -881,12 +881,8 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       return Effect.flatMap(
         sent,
         (reply): Effect.Effect<A, KernelError | E> => {
-          if (reply.status < 300) {
-            if (using === "v1") v1Accepted = true
-            return onSuccess(reply)
-          }
           if (using === "v1" && reply.status !== 401) v1Accepted = true
-          return onFailure(Http.apiFailure(reply))
+          return reply.status < 300 ? onSuccess(reply) : onFailure(Http.apiFailure(reply))
         }
       )
     })

@@ -73,6 +73,12 @@ const nodeSource = (request: HttpServerRequest.HttpServerRequest): NodeSource | 
   }
 }
 
+/** Whether a Node request declares (`Content-Length`) a body over the cap. */
+const declaresOverCap = (source: NodeSource): boolean => {
+  const declared = Number(source.headers["content-length"])
+  return Number.isFinite(declared) && declared > Routes.maxBodyBytes
+}
+
 /** Reads a Node request body, failing as soon as it grows past the cap. */
 const readNodeBody = (source: NodeSource): Effect.Effect<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError> =>
   Effect.callback<Uint8Array, Routes.BodyTooLarge | Routes.BodyReadError>((resume) => {
@@ -81,8 +87,7 @@ const readNodeBody = (source: NodeSource): Effect.Effect<Uint8Array, Routes.Body
       resume(Effect.fail(new Routes.BodyReadError({ cause: source.errored ?? new Error("request aborted") })))
       return
     }
-    const declared = Number(source.headers["content-length"])
-    if (Number.isFinite(declared) && declared > Routes.maxBodyBytes) {
+    if (declaresOverCap(source)) {
       source.resume()
       resume(Effect.fail(new Routes.BodyTooLarge()))
       return
@@ -388,7 +393,7 @@ const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
       (request: Http.IncomingMessage, response: Http.ServerResponse) => void
     >
     const onContinue = (request: Http.IncomingMessage, response: Http.ServerResponse): void => {
-      if (!(Number(request.headers["content-length"]) > Routes.maxBodyBytes)) response.writeContinue()
+      if (!declaresOverCap(request)) response.writeContinue()
       listener(request, response)
     }
     server.off("request", general)
