@@ -34,7 +34,7 @@ import { Agent, Client, Protocol, Tool } from "../src/index.js"
 import * as Kernel from "../src/kernel/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, Result } from "./util.js"
-import { log, median, nowMs, round } from "./util.js"
+import { freePort, log, median, nowMs, round } from "./util.js"
 
 const SECRET = "bench-secret"
 const AGENT_ID = "bench"
@@ -128,10 +128,13 @@ const workloads = (client: ClientService, options: BenchOptions, label: string) 
 const embedded = (options: BenchOptions): Effect.Effect<Record<string, unknown>, unknown, Scope.Scope> =>
   Effect.gen(function*() {
     const kernel = yield* Kernel.start({ port: 0 })
-    const webhookUrl = yield* serveAgent(hello, { kernelUrl: kernel.url, secret: SECRET })
     const http = yield* Layer.build(NodeHttpClient.layerUndici)
     const client = yield* Client.make({ baseUrl: kernel.url }).pipe(Effect.provide(http))
-    yield* client.registerAgent({ id: AGENT_ID, webhookUrl, secret: SECRET })
+    // Registered before it is served: a served agent publishes its metadata at once, and the kernel refuses the
+    // signature of an agent it does not know yet (a warning, not sent again).
+    const port = yield* Effect.promise(freePort)
+    yield* client.registerAgent({ id: AGENT_ID, webhookUrl: `http://127.0.0.1:${port}/webhook`, secret: SECRET })
+    yield* serveAgent(hello, { kernelUrl: kernel.url, secret: SECRET, port })
     return yield* workloads(client, options, "embedded")
   })
 
