@@ -1112,6 +1112,12 @@ describe("judge rules (C.8.6)", () => {
         target: "deploy",
         args: { env: "prod" }
       })
+      // the arguments go as recorded, however deep the kernel let them be (10,000 levels)
+      const deepArgs = "{\"a\":" + "[".repeat(9_998) + "1" + "]".repeat(9_998) + "}"
+      expect(yield* judge.ask({ ...request, argsRaw: deepArgs })).toEqual({ allow: 0.2, deny: 0.7, requireApproval: 0.1 })
+      expect((fake.requests[1] as typeof sent).messages[1]!.content).toBe(
+        "{\"agent_id\":\"hello\",\"kind\":\"tool_call\",\"target\":\"deploy\",\"args\":" + deepArgs + "}"
+      )
       // a fenced answer is read too; an answer without probabilities and an error status are failures
       fake.reply = "```json\n{\"allow\": 1}\n```"
       expect(yield* judge.ask(request)).toEqual({ allow: 1, deny: 0, requireApproval: 0 })

@@ -496,6 +496,38 @@ describe("Forks (PROTOCOL-CURRENT C.7)", () => {
         })
         expect(yield* allIds(h)).toEqual(before)
       }))
+
+    it.effect("in process: an override nested 10,000 deep is recorded; one that is not JSON as it stands is a 400", () =>
+      Effect.gen(function*() {
+        const h = yield* harness()
+        const src = yield* source(h)
+        const latest = yield* seqOf(h, src.run.id)
+        let deep: unknown = "core"
+        for (let i = 0; i < 9_999; i++) deep = [deep]
+        const { execution } = yield* h.core.fork(src.run.id, { atSeq: latest, overrides: { [src.a]: { result: deep } } })
+        const run = yield* claimRun(h, execution.id)
+        const res = yield* h.agent(
+          "hello",
+          "POST",
+          `/v0/executions/${run.id}/steps`,
+          JSON.stringify({ kind: "tool_call", target: "a", args: { target: "a" }, idempotency: "safe_to_retry" }),
+          run.lease
+        )
+        expect(res.status).toBe(200)
+        expect(res.body).toContain("\"result\":" + "[".repeat(9_999) + "\"core\"" + "]".repeat(9_999) + "}")
+
+        const before = yield* allIds(h)
+        for (const value of [Number.NaN, undefined, new Date(0), { nested: [1, Infinity] }]) {
+          const failure = yield* Effect.flip(
+            h.core.fork(src.run.id, { atSeq: latest, overrides: { [src.a]: { result: value } } })
+          )
+          expect(failure).toMatchObject({
+            status: 400,
+            message: `validation error: override of "${src.a}" is not JSON`
+          })
+        }
+        expect(yield* allIds(h)).toEqual(before)
+      }))
   })
 
   describe("GET …/fork-points (C.7.3)", () => {

@@ -15,6 +15,7 @@
  */
 import * as Result from "effect/Result"
 import { formatTimestamp } from "../../internal/wire/time.js"
+import { stringifyStrict } from "../../internal/wire/json.js"
 import * as StepId from "../../StepId.js"
 import * as Policy from "../Policy.js"
 import type { StepIdentity } from "./eventLog.js"
@@ -51,14 +52,11 @@ const overrideOutcome = (
   override: StepOverride
 ): { readonly status: "succeeded" | "failed"; readonly raw: string } | undefined => {
   const isResult = "result" in override
-  let text: string | undefined
-  try {
-    text = JSON.stringify(isResult ? override.result : override.error)
-  } catch {
-    return undefined
-  }
-  if (text === undefined) return undefined
-  return { status: isResult ? "succeeded" : "failed", raw: compactRaw(text)! }
+  // Strict and iterative: a value nested as deep as the kernel accepts (10,000 levels) is recorded, and one that is
+  // not JSON as it stands (`NaN`, `undefined`, a `Date` …, only possible in process) is refused, not coerced.
+  const text = stringifyStrict(isResult ? override.result : override.error)
+  if (text._tag === "Invalid") return undefined
+  return { status: isResult ? "succeeded" : "failed", raw: compactRaw(text.json)! }
 }
 
 /** The source steps settled (`succeeded`, `failed`, `denied`) by an event with seq ≤ `atSeq` (C.7.2 step 3). */

@@ -17,6 +17,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
+import { compact } from "../../internal/wire/json.js"
 
 /**
  * The three decisions a judge scores, and a judge rule's `fallback`.
@@ -194,14 +195,17 @@ const completionsUrl = (url: string): string => {
   return base.endsWith("/chat/completions") ? base : base + "/chat/completions"
 }
 
-const parseArgs = (raw: string | undefined): unknown => {
-  if (raw === undefined) return null
-  try {
-    return JSON.parse(raw)
-  } catch {
-    return raw
-  }
-}
+/**
+ * The user message: the step as JSON, its arguments spliced in as recorded (compacted) rather than parsed and
+ * serialised again, so arguments nested as deep as the kernel accepts (10,000 levels) reach the judge instead of
+ * overflowing `JSON.stringify`'s recursion.
+ */
+const judgeContent = (request: JudgeRequest): string =>
+  "{\"agent_id\":" + JSON.stringify(request.agentId) +
+  ",\"kind\":" + JSON.stringify(request.kind) +
+  ",\"target\":" + JSON.stringify(request.target) +
+  ",\"args\":" + (request.argsRaw === undefined ? "null" : compact(request.argsRaw) ?? JSON.stringify(request.argsRaw)) +
+  "}"
 
 const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 
@@ -268,12 +272,7 @@ export const openAiJudge = (options: OpenAiJudgeOptions): Judge => {
                 { role: "system", content: SYSTEM_PROMPT + "\n\nPolicy instructions:\n" + request.instructions },
                 {
                   role: "user",
-                  content: JSON.stringify({
-                    agent_id: request.agentId,
-                    kind: request.kind,
-                    target: request.target,
-                    args: parseArgs(request.argsRaw)
-                  })
+                  content: judgeContent(request)
                 }
               ]
             })
