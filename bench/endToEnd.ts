@@ -1,8 +1,10 @@
 /**
  * `end-to-end`: a hello-like agent (two tools) over real HTTP against the
  * embedded kernel with its default dispatcher (a 2 s tick, woken at once when
- * an execution is created, claiming 10 per tick, 8 deliveries in flight), and,
- * when `REBUNO_REFERENCE_URL` is set, against a running reference kernel.
+ * an execution is created, claiming 10 per tick, 8 deliveries in flight), and
+ * against the reference kernel: the binary `REBUNO_REFERENCE_BIN` names, started
+ * here in dev mode with a manifest naming the agent, or a running one at
+ * `REBUNO_REFERENCE_URL`.
  *
  * Executions are created with the operator `Client` and watched with it
  * (`GET /v0/executions/{id}`), as a backend would. Two workloads:
@@ -12,8 +14,8 @@
  * - sequential: create one, wait until it is terminal, repeat; the median
  *   latency (create → terminal, polled every 10 ms).
  *
- * The reference kernel needs this agent in its manifest (the benchmark serves
- * it on 127.0.0.1:5055, or `REBUNO_REFERENCE_AGENT_PORT`):
+ * A running reference kernel needs this agent in its manifest (the benchmark
+ * serves it on 127.0.0.1:5055, or `REBUNO_REFERENCE_AGENT_PORT`):
  *
  * ```yaml
  * agents:
@@ -30,14 +32,14 @@
 import { NodeHttpClient } from "@effect/platform-node"
 import { Effect, Layer, Schema } from "effect"
 import type { Scope } from "effect"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
 import { Agent, Client, Protocol, Tool } from "../src/index.js"
 import * as Kernel from "../src/kernel/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, Result } from "./util.js"
-import { freePort, log, median, nowMs, round } from "./util.js"
-
-const SECRET = "bench-secret"
-const AGENT_ID = "bench"
+import { AGENT_ID, freePort, log, median, nowMs, round, SECRET, spawnServer, writeManifest } from "./util.js"
 
 const reverse = Tool.make("reverse", {
   args: Schema.Struct({ text: Schema.String }),
@@ -140,11 +142,11 @@ const embedded = (options: BenchOptions): Effect.Effect<Record<string, unknown>,
 
 const reference = (
   url: string,
+  agentPort: number,
   options: BenchOptions
 ): Effect.Effect<Record<string, unknown>, unknown, Scope.Scope> =>
   Effect.gen(function*() {
-    const port = Number(process.env["REBUNO_REFERENCE_AGENT_PORT"] ?? 5055)
-    yield* serveAgent(hello, { kernelUrl: url, secret: SECRET, port })
+    yield* serveAgent(hello, { kernelUrl: url, secret: SECRET, port: agentPort })
     const http = yield* Layer.build(NodeHttpClient.layerUndici)
     const token = process.env["REBUNO_REFERENCE_TOKEN"]
     const client = yield* Client.make({ baseUrl: url, ...(token === undefined ? {} : { apiKey: token }) }).pipe(
@@ -153,15 +155,37 @@ const reference = (
     return yield* workloads(client, options, "reference")
   })
 
+/** The reference binary (`REBUNO_REFERENCE_BIN`) in dev mode, its manifest naming the agent on a free port. */
+const spawnedReference = (bin: string, options: BenchOptions) =>
+  Effect.gen(function*() {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "rebuno-bench-e2e-"))
+    yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(dir, { recursive: true, force: true })))
+    const [port, agentPort] = yield* Effect.promise(() => Promise.all([freePort(), freePort()]))
+    const url = `http://127.0.0.1:${port}`
+    const manifest = writeManifest(dir, "reference.yaml", `http://127.0.0.1:${agentPort}/webhook`)
+    yield* Effect.acquireRelease(
+      Effect.promise(() =>
+        spawnServer(bin, ["dev", "--listen-addr", `127.0.0.1:${port}`, "--config", manifest, "--log-level", "warn"], url)
+      ),
+      (server) => Effect.promise(() => server.stop())
+    )
+    return yield* reference(url, agentPort, options)
+  })
+
 /** Runs the `end-to-end` figures. */
 export const run = async (options: BenchOptions): Promise<ReadonlyArray<Result>> => {
   log("end-to-end: hello agent (2 tool steps) over HTTP, default dispatcher")
   const e = await Effect.runPromise(Effect.scoped(embedded(options)))
+  const bin = process.env["REBUNO_REFERENCE_BIN"]
   const referenceUrl = process.env["REBUNO_REFERENCE_URL"]
-  let ref: Record<string, unknown> | string = "skipped (set REBUNO_REFERENCE_URL)"
-  if (referenceUrl !== undefined && referenceUrl !== "") {
+  let ref: Record<string, unknown> | string = "skipped (set REBUNO_REFERENCE_BIN or REBUNO_REFERENCE_URL)"
+  if (bin !== undefined && bin !== "") {
+    log(`end-to-end: reference kernel ${bin} dev (own process)`)
+    ref = await Effect.runPromise(Effect.scoped(spawnedReference(bin, options)))
+  } else if (referenceUrl !== undefined && referenceUrl !== "") {
     log(`end-to-end: reference kernel at ${referenceUrl}`)
-    ref = await Effect.runPromise(Effect.scoped(reference(referenceUrl, options)))
+    const agentPort = Number(process.env["REBUNO_REFERENCE_AGENT_PORT"] ?? 5055)
+    ref = await Effect.runPromise(Effect.scoped(reference(referenceUrl, agentPort, options)))
   }
   return [{
     name: "end-to-end",

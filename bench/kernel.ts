@@ -75,6 +75,7 @@ import type { KernelClient } from "../src/index.js"
 import { serveAgent } from "./harness.js"
 import type { BenchOptions, ChildServer, Result } from "./util.js"
 import {
+  AGENT_ID,
   cliPath,
   freePort,
   log,
@@ -84,13 +85,13 @@ import {
   procCpuUs,
   rotated,
   round,
+  SECRET,
   spawnServer,
   spread,
-  target
+  target,
+  writeManifest
 } from "./util.js"
 
-const SECRET = "bench-secret"
-const AGENT_ID = "bench"
 /** Steps per execution. */
 export const STEPS = 200
 
@@ -192,15 +193,6 @@ const makeAgent = (pid: () => number | undefined, loops: Loops) => {
       })
     })
   return { agent, wrap, completed }
-}
-
-const writeManifest = (dir: string, name: string, webhookUrl: string): string => {
-  const file = path.join(dir, name)
-  fs.writeFileSync(
-    file,
-    `agents:\n  - id: ${AGENT_ID}\n    webhook_url: ${webhookUrl}\n    secret: ${SECRET}\n`
-  )
-  return file
 }
 
 /** A spawned kernel, stopped when the scope closes. */

@@ -49,12 +49,12 @@ import {
   peakRss,
   procRss,
   round,
+  SECRET,
   sleep,
   spawnServer,
   target
 } from "./util.js"
 
-const SECRET = "bench-secret"
 /** Deliveries keep up with thousands of executions; claims never run ahead of deliveries. */
 const DISPATCHER = { claimBatch: 64, concurrency: 64, tickIntervalMs: 50 } as const
 

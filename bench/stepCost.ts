@@ -22,10 +22,8 @@ import * as Undici from "undici"
 import { Agent, KernelClient, Signature, Tool } from "../src/index.js"
 import { PROCEED_EXECUTION_ID, REPLAY_EXECUTION_ID } from "./stubKernel.js"
 import type { BenchOptions, Result } from "./util.js"
-import { log, median, nowMs, rotated, round, spawnStub, spread, target } from "./util.js"
+import { AGENT_ID, log, median, nowMs, rotated, round, SECRET, spawnStub, spread, target } from "./util.js"
 
-const SECRET = "bench-secret"
-const AGENT_ID = "bench"
 const DISPATCH_ID = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a60"
 
 const SUBMIT_BODY = "{\"kind\":\"tool_call\",\"target\":\"noop\",\"args\":{},\"idempotency\":\"safe_to_retry\"}"

@@ -274,6 +274,17 @@ export interface ChildServer {
   readonly stop: () => Promise<void>
 }
 
+/** The benchmark agent's id and secret, in every kernel the benchmarks start. */
+export const AGENT_ID = "bench"
+export const SECRET = "bench-secret"
+
+/** Write a dev manifest (PROTOCOL 4.2) naming the benchmark agent at `webhookUrl` to `dir/name`; its path. */
+export const writeManifest = (dir: string, name: string, webhookUrl: string): string => {
+  const file = path.join(dir, name)
+  fs.writeFileSync(file, `agents:\n  - id: ${AGENT_ID}\n    webhook_url: ${webhookUrl}\n    secret: ${SECRET}\n`)
+  return file
+}
+
 /**
  * Spawn `command args` and wait until `url` answers `/v0/health`. Its stdout
  * is dropped, its stderr is ours; `stop` sends SIGTERM and waits for the exit.
