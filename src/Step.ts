@@ -322,7 +322,8 @@ const sleepUntilDeadline = (deadline: number): Effect.Effect<void> =>
  * The kernel has no timers: the run stays in flight for the whole sleep, and
  * its heartbeat keeps the lease (PROTOCOL.md 5.8). Under the test kit,
  * virtual time skips to the deadline; for a sleep past an hour, give
- * `kernel.run` a longer `timeout` (it gives up after 1 hour of virtual time).
+ * `kernel.run` a longer `timeout` (after 1 hour of virtual time by default it
+ * returns the execution still running, with `timedOut: true`).
  *
  * **Example** (Wait a day before following up)
  *

@@ -199,7 +199,20 @@ export interface RunOptions {
    * @since 0.2.0
    */
   readonly parentExecutionId?: string | undefined
-  /** Give up after this much virtual time (default 1 hour). */
+  /**
+   * The virtual-time budget of settling (default 1 hour), counted from the
+   * start of the call: settling gives up once the `TestClock` has moved this
+   * far and the execution has still not settled, and returns the execution
+   * as it is then with {@link RunResult.timedOut} `true` (its `status`
+   * usually `"running"`). A run that sleeps longer — an `Effect.sleep`, a
+   * durable `Step.sleep`, a long retry backoff — needs a longer budget:
+   * `timeout: "30 days"` settles a 30-day sleep. The budget costs no wall
+   * time by itself: virtual time moves from one wake-up to the next (each
+   * heartbeat of a sleeping run is one, every 30 s with the default lease),
+   * so a day of sleep costs its 2,880 heartbeats' worth of work (about a
+   * tenth of a second), not a day. An infinite duration settles however long it takes (and never
+   * returns if the execution never settles).
+   */
   readonly timeout?: Duration.Input | undefined
 }
 
@@ -373,6 +386,19 @@ export interface RunResult<A = unknown> {
   /** Whether an injected lease lapse fired. */
   readonly lapsed: boolean
   /**
+   * Whether settling gave up because the virtual-time budget
+   * ({@link RunOptions.timeout}, default 1 hour) ran out before the execution
+   * settled. The result is then a snapshot of the execution at the end of
+   * the budget — typically `status: "running"`, with a run still sleeping,
+   * heartbeating or waiting on a retry — not its outcome: give a longer
+   * `timeout` (e.g. `"30 days"`) for the whole run, or settle the same
+   * execution again to carry on from where it stopped. `false` whenever
+   * the execution settled (terminal, or waiting on people).
+   *
+   * @since 0.2.0
+   */
+  readonly timedOut: boolean
+  /**
    * A fork's restoration (PROTOCOL-CURRENT C.7.1), on the result of
    * {@link TestKernel.Service.fork} only: for each resource the source had
    * registered by the fork point, the checkpoint the fork's resource starts
@@ -391,6 +417,15 @@ export interface RunResult<A = unknown> {
  * `error` given as a string is recorded as the SDK records a failure,
  * `{"message": <string>}` (a tool call then fails with a `ToolError` whose
  * `text` is `"<target>: <string>"`).
+ *
+ * The value must be JSON as it stands — it is recorded exactly, never
+ * coerced as `JSON.stringify` would: `NaN`, `±Infinity`, `undefined`
+ * (anywhere, object members included), a `Date`, a `Map`, a class instance,
+ * an object with `toJSON`, a function, a bigint or a cycle is refused, and
+ * the fork fails with `400 validation_error` `validation error: override of
+ * "<step id>" is not JSON` (the source step's id, also when the override was
+ * keyed by target) — with nothing forked. Encode such values first (e.g. a
+ * `Date` as its ISO string, as the step's Schema would have recorded it).
  *
  * @since 0.2.0
  * @category models
@@ -857,12 +892,14 @@ export const make = <R = never>(
       activity,
       processes,
       faults,
-      result: (executionId) =>
+      callLog,
+      result: (executionId, timedOut) =>
         Views.runResult(core, executionId, (id) => ({
           deliveries: processes.deliveries(id),
           calls: callLog.callsNow(id),
           crashed: faults.crashed(id),
-          lapsed: faults.lapsed(id)
+          lapsed: faults.lapsed(id),
+          timedOut
         }))
     })
 

@@ -10,8 +10,9 @@
  * @since 0.2.0
  * @internal
  */
-import { Clock, Duration, Effect, Layer } from "effect"
+import { Clock, Context, Duration, Effect, Layer } from "effect"
 import type { TestClock } from "effect/testing"
+import { Execution } from "../../Execution.js"
 
 /**
  * A `TestClock` whose sleeps in flight can be read.
@@ -21,6 +22,24 @@ import type { TestClock } from "effect/testing"
 export interface TrackedClock extends TestClock.TestClock {
   /** The wake-up times (epoch millis on the test clock) of the sleeps in flight, ascending. */
   readonly pendingSleeps: () => ReadonlyArray<number>
+  /**
+   * The sleeps that ended by waking up (not interrupted) since the last call,
+   * counted by who slept: `run` — a fiber of a run (the `Execution` is in its
+   * context: the handler, its steps, retries, beats of its heartbeat) — or
+   * `background` — a fiber outside any run (an agent runtime's heartbeat
+   * timer). Resets the counts.
+   */
+  readonly takeWakeUps: () => WakeUps
+}
+
+/**
+ * Sleeps that woke up, by who slept (see {@link TrackedClock.takeWakeUps}).
+ *
+ * @internal
+ */
+export interface WakeUps {
+  readonly run: number
+  readonly background: number
 }
 
 /**
@@ -38,6 +57,8 @@ export const isTrackedClock = (clock: Clock.Clock): clock is TrackedClock =>
  */
 export const wrap = (inner: TestClock.TestClock): TrackedClock => {
   const wakeUps: Array<number> = []
+  let wokeRun = 0
+  let wokeBackground = 0
   const remove = (at: number) => {
     const i = wakeUps.indexOf(at)
     if (i !== -1) wakeUps.splice(i, 1)
@@ -50,22 +71,34 @@ export const wrap = (inner: TestClock.TestClock): TrackedClock => {
     monotonicTimeNanosUnsafe: () => inner.monotonicTimeNanosUnsafe(),
     monotonicTimeNanos: inner.monotonicTimeNanos,
     sleep: (duration: Duration.Duration) =>
-      Effect.suspend(() => {
+      Effect.withFiber((fiber) => {
         const at = inner.currentTimeMillisUnsafe() + Duration.toMillis(duration)
+        const inRun = Context.getOption(fiber.context, Execution)._tag === "Some"
         return Effect.acquireUseRelease(
           Effect.sync(() => {
             let i = wakeUps.length
             while (i > 0 && wakeUps[i - 1]! > at) i--
             wakeUps.splice(i, 0, at)
           }),
-          () => inner.sleep(duration),
+          () =>
+            Effect.tap(inner.sleep(duration), () =>
+              Effect.sync(() => {
+                if (inRun) wokeRun++
+                else wokeBackground++
+              })),
           () => Effect.sync(() => remove(at))
         )
       }),
     adjust: (duration) => inner.adjust(duration),
     setTime: (timestamp) => inner.setTime(timestamp),
     withLive: (effect) => inner.withLive(effect),
-    pendingSleeps: () => wakeUps.slice()
+    pendingSleeps: () => wakeUps.slice(),
+    takeWakeUps: () => {
+      const taken = { run: wokeRun, background: wokeBackground }
+      wokeRun = 0
+      wokeBackground = 0
+      return taken
+    }
   }
 }
 

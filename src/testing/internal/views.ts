@@ -155,6 +155,7 @@ export interface RunFacts {
   readonly calls: () => ReadonlyArray<KernelCall>
   readonly crashed: boolean
   readonly lapsed: boolean
+  readonly timedOut: boolean
 }
 
 /**

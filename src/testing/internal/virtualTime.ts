@@ -9,6 +9,15 @@
  * due (a retry, a lease expiry, an approval timeout). Idle stretches are
  * skipped in one step.
  *
+ * A long sleep of a run is mostly heartbeats (one every 30 s of virtual time
+ * with the default lease): each is its own wake-up, in order, as on a real
+ * kernel. A wake-up that only beat — every sleep that ended was a heartbeat
+ * timer's, every call it made was a heartbeat answered `ok`, nothing is in
+ * flight — changed nothing but the renewed leases, so the kit does not wait
+ * for the processes to go quiet after it, and skips the dispatcher tick of
+ * that instant when no kernel work is due and nothing has moved since the
+ * last tick (such a tick would do nothing).
+ *
  * @since 0.2.0
  * @internal
  */
@@ -18,6 +27,7 @@ import * as Dispatcher from "../../kernel/Dispatcher.js"
 import * as Protocol from "../../Protocol.js"
 import type { RunOptions, RunResult } from "../TestKernel.js"
 import { type Activity, yieldRound } from "./activity.js"
+import type { CallLog } from "./callLog.js"
 import type { Faults } from "./faults.js"
 import { leaseTimeoutOf, type Processes } from "./processes.js"
 import * as Views from "./views.js"
@@ -36,9 +46,25 @@ export const makeSettle = (options: {
   readonly activity: Activity
   readonly processes: Processes
   readonly faults: Faults
-  readonly result: (executionId: string) => Effect.Effect<RunResult, Core.KernelFailure>
+  readonly callLog: CallLog
+  readonly result: (executionId: string, timedOut: boolean) => Effect.Effect<RunResult, Core.KernelFailure>
 }): (executionId: string, runOptions?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure> => {
-  const { activity, clock, core, dispatcher, faults, processes } = options
+  const { activity, callLog, clock, core, dispatcher, faults, processes } = options
+
+  /**
+   * Whether the calls logged from `from` on are all heartbeats that reached
+   * the kernel, were answered `ok` and got their answer, with nothing injected.
+   */
+  const onlyBeats = (from: number): boolean => {
+    for (let seq = from; seq < callLog.size; seq++) {
+      const call = callLog.get(seq)!
+      if (
+        call.call !== "heartbeat" || call.pending || !call.reached || !call.delivered || call.answer !== "ok" ||
+        call.injected !== undefined
+      ) return false
+    }
+    return true
+  }
 
   /** Yield until nothing moves: no call made or answered for a few rounds (longer while calls are in flight). */
   const drain = Effect.gen(function*() {
@@ -118,6 +144,13 @@ export const makeSettle = (options: {
       const start = yield* Clock.currentTimeMillis
       const deadline = start + Duration.toMillis(Duration.fromInputUnsafe(runOptions?.timeout ?? Duration.hours(1)))
       let lastTick: number | undefined
+      /** The last wake-up only beat (see the module's doc): no waiting for quiet after it. */
+      let quiet = false
+      /** Something moved (a call other than a beat, a tick that did work) since the last tick. */
+      let moved = true
+      /** The earliest virtual time with kernel work due, as of the end of the last iteration. */
+      let dueAt = -Infinity
+      let timedOut = false
       while (true) {
         const now = yield* Clock.currentTimeMillis
         let tickNow = ((now - start) % tickMs === 0 && lastTick !== now) || (yield* freshlyEnqueued(now))
@@ -126,28 +159,46 @@ export const makeSettle = (options: {
           faults.clearExpiryRequests()
           yield* core.expireLeases()
           tickNow = true
+          quiet = false
+          moved = true
         }
+        // After a wake-up that only beat, a tick with no kernel work due and nothing moved since the last one would do nothing.
+        if (tickNow && quiet && !moved && now < dueAt && core.settings.deadlineMs === undefined) tickNow = false
+        const progress = activity.progress
         if (tickNow) {
           lastTick = now
+          moved = false
           yield* dispatcher.tick
         }
-        yield* drain
+        if (!quiet || tickNow) yield* drain
+        if (activity.progress !== progress) moved = true
         if (faults.expiryRequested()) continue
         const record = yield* core.getExecution(executionId)
         const settled = Protocol.isTerminalStatus(record.status) ||
           (record.status !== "running" && (yield* waitsOnPeople(record)))
         if (settled && (yield* processes.activeRuns) === 0) break
         const current = yield* Clock.currentTimeMillis
-        if (current >= deadline) break
+        if (current >= deadline) {
+          timedOut = true
+          break
+        }
         // Move virtual time to the next thing that can happen: a sleep ending, or a
         // tick (on the grid) with kernel work due.
         const due = yield* kernelDue(current)
         const gridAfter = (t: number) => start + Math.ceil((Math.max(t, current + 1) - start) / tickMs) * tickMs
+        dueAt = Number.isFinite(due) ? gridAfter(due) : Infinity
         const sleeps = clock.pendingSleeps().filter((t) => t > current)
-        let next = Math.min(Number.isFinite(due) ? gridAfter(due) : Infinity, ...sleeps)
+        let next = Math.min(dueAt, ...sleeps)
         if (!Number.isFinite(next)) next = gridAfter(current + 1)
+        const calls = callLog.size
+        const inFlight = activity.inFlight
+        clock.takeWakeUps()
         yield* clock.adjust(Duration.millis(Math.min(next, deadline) - current))
+        const woke = clock.takeWakeUps()
+        quiet = woke.run === 0 && inFlight <= 0 && activity.inFlight <= 0 && !faults.expiryRequested() &&
+          onlyBeats(calls)
+        if (!quiet) moved = true
       }
-      return yield* options.result(executionId)
+      return yield* options.result(executionId, timedOut)
     }).pipe(Effect.provideService(Clock.Clock, clock))
 }
