@@ -209,9 +209,9 @@ export interface RunOptions {
    * `timeout: "30 days"` settles a 30-day sleep. The budget costs no wall
    * time by itself: virtual time moves from one wake-up to the next (each
    * heartbeat of a sleeping run is one, every 30 s with the default lease),
-   * so a day of sleep costs its 2,880 heartbeats' worth of work (about a
-   * tenth of a second), not a day. An infinite duration settles however long it takes (and never
-   * returns if the execution never settles).
+   * so a day of sleep costs its 2,880 heartbeats' worth of work (about
+   * 0.2 s of wall time), not a day. An infinite duration settles however
+   * long it takes (and never returns if the execution never settles).
    */
   readonly timeout?: Duration.Input | undefined
 }
