@@ -3,7 +3,10 @@
 #
 #   npm pack → a fresh project → npm install <tarball> + the peers → exactly one `effect`
 #   → a plain .mjs agent served against `npx effect-rebuno dev` completes an execution
-#   → a consumer .ts file type-checks under strict flags with skipLibCheck: false.
+#   → a consumer .ts file type-checks under strict flags with skipLibCheck: false
+#   → the README's runnable ```ts blocks run against the installed package
+#     (scripts/run-readme-blocks.mjs: modules under plain Node, agents against the
+#     installed bin, tests under vitest).
 #
 # Runs on its own from a checkout after `npm ci` (it packs, so it also builds):
 #   .ci/consumer-smoke.sh
@@ -42,6 +45,8 @@ effect_version="$(pin effect)"
 platform_node_version="$(pin @effect/platform-node)"
 typescript_version="$(pin typescript)"
 types_node_version="$(pin @types/node)"
+vitest_version="$(pin vitest)"
+effect_vitest_version="$(pin @effect/vitest)"
 
 if [[ -n "${SMOKE_TARBALL:-}" ]]; then
   step "the tarball given in SMOKE_TARBALL"
@@ -274,5 +279,11 @@ export const embedded = Effect.scoped(Effect.map(Kernel.start({ port: 0 }), (ker
 EOF
 ./node_modules/.bin/tsc -p tsconfig.json || fail "the consumer file does not type-check"
 echo "consumer.ts type-checks"
+
+step "the README's runnable ts blocks, against the installed package"
+npm install --save-dev "vitest@$vitest_version" "@effect/vitest@$effect_vitest_version"
+copies="$(npm ls effect --all --parseable | sort -u | wc -l)"
+[[ "$copies" == "1" ]] || fail "expected one copy of effect with vitest installed, found $copies"
+node "$root/scripts/run-readme-blocks.mjs" "$app" || fail "a README block failed (above)"
 
 step "passed"

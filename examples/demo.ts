@@ -85,21 +85,29 @@ const travel = Agent.make({
 
 // --- plumbing ---------------------------------------------------------------
 
-/** Serve an agent's webhook on 127.0.0.1:`port` in its own scope ("process"). */
+/**
+ * Serve an agent's webhook on 127.0.0.1:`port` in its own scope ("process"), registered
+ * with the kernel before the agent starts: at start-up the agent publishes its metadata,
+ * signed with its secret, which the kernel refuses (401) for an agent it does not know.
+ */
 const serveAgent = <In, A, E>(agent: Agent.Agent<In, A, E, never>, kernelUrl: string, secret: string, port = 0) =>
   Effect.gen(function*() {
+    const client = yield* Client.Client
     // A child of the program's scope: killing it is a crash, and it closes with the program anyway.
     const scope = yield* Scope.fork(yield* Effect.scope, "sequential")
-    const context = yield* Layer.buildWithScope(
+    const server = yield* Layer.buildWithScope(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" }), scope)
+    const address = Context.get(server, HttpServer.HttpServer).address
+    const boundPort = address._tag === "UnixPathAddress" ? port : address.port
+    const url = `http://127.0.0.1:${boundPort}/webhook`
+    yield* client.registerAgent({ id: agent.id, webhookUrl: url, secret })
+    yield* Layer.buildWithScope(
       Agent.layer(agent).pipe(
-        Layer.provideMerge(NodeHttpServer.layer(() => createServer(), { port, host: "127.0.0.1" })),
+        Layer.provide(Layer.succeedContext(server)),
         Layer.provide(KernelClient.layerSocket({ baseUrl: kernelUrl, secret }))
       ),
       scope
     )
-    const address = Context.get(context, HttpServer.HttpServer).address
-    const boundPort = address._tag === "UnixPathAddress" ? port : address.port
-    return { port: boundPort, url: `http://127.0.0.1:${boundPort}/webhook`, kill: Scope.close(scope, Exit.void) }
+    return { port: boundPort, url, kill: Scope.close(scope, Exit.void) }
   })
 
 const timeline = (executionId: string) =>
@@ -146,8 +154,7 @@ const program = Effect.gen(function*() {
 
   // 1. hello -----------------------------------------------------------------
   yield* Console.log(bold("\n1. A durable run"))
-  const helloServer = yield* serveAgent(hello, kernel.url, "hello-secret")
-  yield* client.registerAgent({ id: "hello", webhookUrl: helloServer.url, secret: "hello-secret" })
+  yield* withClient(serveAgent(hello, kernel.url, "hello-secret"))
   const first = yield* client.create("hello", { query: "durable agents in TypeScript" })
   yield* Console.log(`    created execution ${first.id} for agent hello`)
   const helloDone = yield* withClient(waitFor(first.id, (s) => s === "completed" || s === "failed"))
@@ -157,8 +164,7 @@ const program = Effect.gen(function*() {
   // 2. crash and resume ------------------------------------------------------
   yield* Console.log(bold("\n2. A crash mid-run, and the resume"))
   crashNow = yield* Deferred.make<void>()
-  const travelServer = yield* serveAgent(travel, kernel.url, "travel-secret")
-  yield* client.registerAgent({ id: "travel", webhookUrl: travelServer.url, secret: "travel-secret" })
+  const travelServer = yield* withClient(serveAgent(travel, kernel.url, "travel-secret"))
   const trip = yield* client.create("travel", { from: "LIS", to: "BER" })
   yield* Console.log(`    created execution ${trip.id} for agent travel`)
   yield* Deferred.await(crashNow)
@@ -167,7 +173,7 @@ const program = Effect.gen(function*() {
   yield* Console.log(
     `    ${red("💥 the agent process died while sending the receipt")} ${dim("(no outcome posted, heartbeats stopped)")}`
   )
-  const restarted = yield* serveAgent(travel, kernel.url, "travel-secret", travelServer.port)
+  const restarted = yield* withClient(serveAgent(travel, kernel.url, "travel-secret", travelServer.port))
   yield* Console.log(`    agent process restarted on :${restarted.port}; waiting for the lease to lapse…`)
   const tripDone = yield* withClient(waitFor(trip.id, (s) => s === "completed" || s === "failed"))
   yield* withClient(timeline(trip.id))
@@ -180,8 +186,7 @@ const program = Effect.gen(function*() {
 
   // 3. approval --------------------------------------------------------------
   yield* Console.log(bold("\n3. A step held for approval"))
-  const deployerServer = yield* serveAgent(deployer, kernel.url, "deployer-secret")
-  yield* client.registerAgent({ id: "deployer", webhookUrl: deployerServer.url, secret: "deployer-secret" })
+  yield* withClient(serveAgent(deployer, kernel.url, "deployer-secret"))
   const policy = readFileSync(new URL("./policies/deployer.yaml", import.meta.url), "utf8")
   yield* client.loadPolicy("deployer", policy)
   yield* Console.log(`    loaded examples/policies/deployer.yaml: production deploys need alice`)
