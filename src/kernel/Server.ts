@@ -28,7 +28,9 @@ import * as Layer from "effect/Layer"
 import type * as Redacted from "effect/Redacted"
 import * as Stream from "effect/Stream"
 import * as Http from "node:http"
+import type * as Net from "node:net"
 import type * as Core from "./Core.js"
+import * as GoHttp from "./internal/goHttp.js"
 import * as Routes from "./Routes.js"
 
 /**
@@ -393,22 +395,169 @@ const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
       (request: Http.IncomingMessage, response: Http.ServerResponse) => void
     >
     const onContinue = (request: Http.IncomingMessage, response: Http.ServerResponse): void => {
+      // Go refuses the request before reading its body (so before any `100`).
+      if (refused(request, response)) return
       if (!declaresOverCap(request)) response.writeContinue()
       listener(request, response)
     }
+    const onRequest = (request: Http.IncomingMessage, response: Http.ServerResponse): void => {
+      if (!refused(request, response)) listener(request, response)
+    }
     server.off("request", general)
-    server.on("request", listener)
+    server.on("request", onRequest)
     for (const f of continued) server.off("checkContinue", f)
     server.on("checkContinue", onContinue)
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        server.off("request", listener)
+        server.off("request", onRequest)
         server.on("request", general)
         server.off("checkContinue", onContinue)
         for (const f of continued) server.on("checkContinue", f)
       })
     )
   }))
+
+/**
+ * What the reference kernel (Go's `net/http` and chi) answers a request
+ * Node's parser accepted, before its route (see `internal/goHttp`). An
+ * HTTP/0.9 request line (no version, so no headers) is one Go cannot parse.
+ */
+const requestVerdict = (request: Http.IncomingMessage): GoHttp.Verdict =>
+  request.httpVersionMajor === 0 && request.rawHeaders.length === 0
+    ? GoHttp.badRequest
+    : GoHttp.verdict(
+      request.method ?? "",
+      request.url ?? "",
+      request.httpVersionMajor,
+      request.httpVersionMinor,
+      request.rawHeaders
+    )
+
+/**
+ * Answers a request the reference kernel refuses before its route, as Go
+ * does — `true` when it did: a connection error as `conn.serve` writes it (no
+ * `Date`, no length: the body runs to the close, and the connection closes),
+ * or an empty answer with `Content-Length: 0` (chi's `405` for a method it
+ * does not route, the `200` of `OPTIONS *`).
+ */
+const refused = (request: Http.IncomingMessage, response: Http.ServerResponse): boolean => {
+  const verdict = requestVerdict(request)
+  if (verdict._tag === "Route") return false
+  writeVerdict(response, verdict)
+  return true
+}
+
+const writeVerdict = (response: Http.ServerResponse, verdict: GoHttp.Refusal): void => {
+  if (verdict._tag === "Fatal") {
+    response.sendDate = false
+    response.useChunkedEncodingByDefault = false
+    response.writeHead(verdict.status, verdict.reason, [
+      "Content-Type",
+      "text/plain; charset=utf-8",
+      "Connection",
+      "close"
+    ])
+    response.end(verdict.body, "latin1")
+  } else {
+    response.writeHead(verdict.status, verdict.reason, ["Content-Length", "0"])
+    response.end()
+  }
+}
+
+/** How long a connection refused by the parser stays half-closed before it is dropped (Go waits 500 ms). */
+const lingerMillis = 500
+
+/** Connections the `clientError` listener already answered (later parse errors on them are ignored). */
+const answered = new WeakSet<Net.Socket>()
+
+/**
+ * Writes `bytes` (if any) and closes the connection: a FIN after the bytes,
+ * so a client still sending can read the answer, then the socket dropped
+ * after {@link lingerMillis} whatever the client does.
+ */
+const hangUp = (socket: Net.Socket, bytes?: string): void => {
+  answered.add(socket)
+  if (!socket.writable) {
+    socket.destroy()
+    return
+  }
+  if (bytes === undefined) socket.end()
+  else socket.end(bytes, "latin1")
+  setTimeout(() => socket.destroy(), lingerMillis).unref()
+}
+
+/**
+ * Node's `clientError` (its parser refused the bytes of a request): answers
+ * as Go would have answered the head received (`internal/goHttp`), then
+ * closes the connection. A request already handed on (a body framing error)
+ * gets Node's answer — `400`, or nothing when its answer has begun; a reset
+ * or an unwritable connection none.
+ */
+const onClientError = (err: Error & { code?: string; rawPacket?: Buffer }, socket: Net.Socket): void => {
+  if (answered.has(socket)) return
+  if (err.code === "ECONNRESET" || !socket.writable) {
+    answered.add(socket)
+    socket.destroy()
+    return
+  }
+  const inFlight = (socket as Net.Socket & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage
+  if (inFlight !== undefined && inFlight !== null) {
+    return hangUp(socket, inFlight.headersSent === true ? undefined : GoHttp.rawResponse(GoHttp.badRequest))
+  }
+  switch (err.code) {
+    case "HPE_HEADER_OVERFLOW":
+      return hangUp(socket, GoHttp.rawResponse(GoHttp.headerTooLarge))
+    case "ERR_HTTP_REQUEST_TIMEOUT":
+      // Node's own answer (the reference kernel sets no read timeout).
+      return hangUp(socket, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+  }
+  const verdict = err.rawPacket === undefined ? undefined : GoHttp.verdictOfHead(err.rawPacket)
+  // Go would serve it (Node's parser is stricter: obs-fold, bare LF, `Content-Length` with
+  // `Transfer-Encoding`…) or no whole head arrived: Go's plain 400.
+  hangUp(socket, GoHttp.rawResponse(verdict === undefined || verdict._tag === "Route" ? GoHttp.badRequest : verdict))
+}
+
+/**
+ * An `Expect` other than `100-continue`: Go's `417` with `Connection: close`
+ * (after its request checks; chi's `405` comes later, so the `417` wins).
+ */
+const onExpectation = (request: Http.IncomingMessage, response: Http.ServerResponse): void => {
+  const verdict = requestVerdict(request)
+  if (verdict._tag === "Fatal") return writeVerdict(response, verdict)
+  response.writeHead(417, ["Connection", "close", "Content-Length", "0"])
+  response.end()
+}
+
+/**
+ * `CONNECT`, which Node hands over with the raw connection: answered as the
+ * reference kernel does — its checks, then its routes (chi routes `CONNECT`
+ * like any method: `405` on a known path, `404` elsewhere) — and the
+ * connection closed.
+ */
+const onConnect = (handlers: Routes.Handlers) => (request: Http.IncomingMessage, socket: Net.Socket): void => {
+  socket.on("error", () => socket.destroy())
+  const verdict = requestVerdict(request)
+  if (verdict._tag !== "Route") return hangUp(socket, GoHttp.rawResponse(verdict))
+  const raw = request.rawHeaders
+  Effect.runFork(
+    handlers.handle({
+      method: "CONNECT",
+      url: request.url ?? "",
+      headers: (name) => rawValues(raw, name.toLowerCase()),
+      body: new Uint8Array(0)
+    }).pipe(Effect.map((response) => {
+      const body = typeof response.body === "string"
+        ? Buffer.from(response.body, "utf8")
+        : response.body instanceof Uint8Array
+        ? Buffer.from(response.body)
+        : Buffer.alloc(0)
+      let head = `HTTP/1.1 ${response.status} ${Http.STATUS_CODES[response.status] ?? ""}\r\n`
+      for (const name in response.headers) head += `${name}: ${response.headers[name]}\r\n`
+      head += `Date: ${new Date().toUTCString()}\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n`
+      hangUp(socket, head + body.toString("latin1"))
+    }))
+  )
+}
 
 /**
  * Serves the kernel on `host:port` with Node's HTTP server — on the loopback
@@ -423,8 +572,13 @@ const installSyncPath = (server: Http.Server, handlers: Routes.Handlers) =>
 export const layer = (options: Options): Layer.Layer<HttpServer.HttpServer, HttpServerError.ServeError> =>
   Layer.unwrap(Effect.sync(() => {
     // Request heads up to 1 MiB, as Go's `http.DefaultMaxHeaderBytes` (Node's default is 16 KiB).
-    const server = Http.createServer({ maxHeaderSize: maxHeaderBytes })
+    // The reference kernel's missing-Host answer is its own (`requestVerdict`), not Node's.
+    const server = Http.createServer({ maxHeaderSize: maxHeaderBytes, requireHostHeader: false })
     const handlers = Routes.makeHandlers(options.core, { apiToken: options.apiToken })
+    // Requests Node's parser refuses, `CONNECT` and unknown expectations: answered as Go does.
+    server.on("clientError", onClientError)
+    server.on("connect", onConnect(handlers))
+    server.on("checkExpectation", onExpectation)
     // Built last, so released first: before `serve` stops and the server closes.
     const closeConnections = Layer.effectDiscard(
       Effect.addFinalizer(() => Effect.sync(() => server.closeAllConnections()))
