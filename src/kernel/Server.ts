@@ -486,35 +486,60 @@ const hangUp = (socket: Net.Socket, bytes?: string): void => {
   setTimeout(() => socket.destroy(), lingerMillis).unref()
 }
 
+/** A response of Node's server, as the socket holds it (`_httpMessage`) while it is being answered. */
+type InFlight = Http.ServerResponse & { readonly req?: Http.IncomingMessage }
+
+const inFlightOf = (socket: Net.Socket): InFlight | undefined =>
+  (socket as Net.Socket & { _httpMessage?: InFlight | null })._httpMessage ?? undefined
+
+/**
+ * Runs `then` once the answers of the requests already read on `socket` are
+ * written — Node attaches each queued answer to the socket in turn when the
+ * one before it finishes — or never, if the connection closes first.
+ */
+const afterInFlight = (socket: Net.Socket, then: () => void): void => {
+  const current = inFlightOf(socket)
+  if (current === undefined || current.writableFinished) return then()
+  current.once("finish", () => afterInFlight(socket, then))
+}
+
 /**
  * Node's `clientError` (its parser refused the bytes of a request): answers
  * as Go would have answered the head received (`internal/goHttp`), then
- * closes the connection. A request already handed on (a body framing error)
- * gets Node's answer — `400`, or nothing when its answer has begun; a reset
- * or an unwritable connection none.
+ * closes the connection. Requests read before it on the connection
+ * (pipelined) are answered first, as Go answers them in order. A request
+ * whose own body failed to parse (a framing error) gets Node's answer —
+ * `400`, or nothing when its answer has begun; a reset or an unwritable
+ * connection none.
  */
 const onClientError = (err: Error & { code?: string; rawPacket?: Buffer }, socket: Net.Socket): void => {
   if (answered.has(socket)) return
+  answered.add(socket)
   if (err.code === "ECONNRESET" || !socket.writable) {
-    answered.add(socket)
     socket.destroy()
     return
   }
-  const inFlight = (socket as Net.Socket & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage
-  if (inFlight !== undefined && inFlight !== null) {
-    return hangUp(socket, inFlight.headersSent === true ? undefined : GoHttp.rawResponse(GoHttp.badRequest))
+  const inFlight = inFlightOf(socket)
+  if (inFlight !== undefined && inFlight.req !== undefined && !inFlight.req.complete) {
+    return hangUp(socket, inFlight.headersSent ? undefined : GoHttp.rawResponse(GoHttp.badRequest))
   }
+  const answer = refusalOf(err)
+  afterInFlight(socket, () => hangUp(socket, answer))
+}
+
+/** The bytes Go answers the request Node's parser refused with. */
+const refusalOf = (err: Error & { code?: string; rawPacket?: Buffer }): string => {
   switch (err.code) {
     case "HPE_HEADER_OVERFLOW":
-      return hangUp(socket, GoHttp.rawResponse(GoHttp.headerTooLarge))
+      return GoHttp.rawResponse(GoHttp.headerTooLarge)
     case "ERR_HTTP_REQUEST_TIMEOUT":
       // Node's own answer (the reference kernel sets no read timeout).
-      return hangUp(socket, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+      return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n"
   }
-  const verdict = err.rawPacket === undefined ? undefined : GoHttp.verdictOfHead(err.rawPacket)
+  const verdict = err.rawPacket === undefined ? undefined : GoHttp.verdictOfHeads(err.rawPacket)
   // Go would serve it (Node's parser is stricter: obs-fold, bare LF, `Content-Length` with
   // `Transfer-Encoding`…) or no whole head arrived: Go's plain 400.
-  hangUp(socket, GoHttp.rawResponse(verdict === undefined || verdict._tag === "Route" ? GoHttp.badRequest : verdict))
+  return GoHttp.rawResponse(verdict === undefined || verdict._tag === "Route" ? GoHttp.badRequest : verdict)
 }
 
 /**

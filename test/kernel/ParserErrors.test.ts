@@ -342,6 +342,31 @@ const suite = (label: string, target: Effect.Effect<Target, unknown, Scope.Scope
         expect(x.closed).toBe(true)
       }))
 
+    it.live("pipelined: the requests before a refused one are answered first, in order, then the refusal", () =>
+      Effect.gen(function*() {
+        const t = yield* target
+        const cases: ReadonlyArray<readonly [string, ReadonlyArray<string>]> = [
+          [get("") + "GARBAGE\r\n\r\n", ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request"]],
+          [get("") + get("X A: b\r\n"), ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request: invalid header name"]],
+          [get("") + get("") + post("Expect: foo\r\n"), ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK", "HTTP/1.1 417 Expectation Failed"]],
+          [get("") + post("Transfer-Encoding: foo\r\n"), ["HTTP/1.1 200 OK", "HTTP/1.1 501 Not Implemented"]],
+          // the request asked to close: nothing after it is read
+          [get("Connection: close\r\n") + "GARBAGE\r\n\r\n", ["HTTP/1.1 200 OK"]]
+        ]
+        for (const [request, statusLines] of cases) {
+          const x = yield* exchange(t, request)
+          expect(x.closed).toBe(true)
+          expect(parse(x.bytes).map((a) => a.statusLine)).toEqual(statusLines)
+        }
+        // a method Node's parser refuses, after two: Go keeps the connection, the embedded kernel closes it
+        const x = yield* exchange(t, get("") + get("") + `FOO /v0/health HTTP/1.1\r\n${H}\r\n`, { expect: 3 })
+        expect(parse(x.bytes).map((a) => a.statusLine)).toEqual([
+          "HTTP/1.1 200 OK",
+          "HTTP/1.1 200 OK",
+          "HTTP/1.1 405 Method Not Allowed"
+        ])
+      }))
+
     it.live("still serving after every refusal, including clients that go away at once", () =>
       Effect.gen(function*() {
         const t = yield* target

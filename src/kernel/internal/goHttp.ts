@@ -234,6 +234,34 @@ export const verdictOfHead = (bytes: Uint8Array): Verdict | undefined => {
 }
 
 /**
+ * {@link verdictOfHead} for bytes that may hold several pipelined requests:
+ * the verdict of the first head Go would not serve, skipping each served
+ * request's `Content-Length` body. `undefined` when none is complete, or a
+ * body's framing cannot be followed (chunked).
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const verdictOfHeads = (bytes: Uint8Array): Verdict | undefined => {
+  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  let offset = 0
+  while (offset < buffer.length) {
+    const head = buffer.subarray(offset)
+    const v = verdictOfHead(head)
+    if (v === undefined || v._tag !== "Route") return v
+    const text = head.toString("latin1")
+    const crlf = text.indexOf("\r\n\r\n")
+    const lf = text.indexOf("\n\n")
+    const end = crlf >= 0 && (lf < 0 || crlf + 1 <= lf) ? crlf + 4 : lf + 2
+    const fields = text.slice(0, end)
+    if (/\ntransfer-encoding:/i.test(fields)) return undefined
+    const length = /\ncontent-length:[ \t]*([0-9]+)/i.exec(fields)
+    offset += end + (length === null ? 0 : Number(length[1]))
+  }
+  return undefined
+}
+
+/**
  * The bytes Go writes for a verdict straight on the connection: a `Fatal`
  * one as `conn.serve` writes it; an `Empty` one as a handler's answer (its
  * `Date`, `Content-Length: 0`) with `Connection: close` (Node's parser is done
