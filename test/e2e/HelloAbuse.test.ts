@@ -19,120 +19,17 @@
  * Every port is a free one picked at start (the kernel, started without a
  * manifest, learns the webhook URL through `POST /v0/agents`).
  */
-import { type ChildProcess, spawn } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
 import { createHmac, randomUUID } from "node:crypto"
 import * as Http from "node:http"
 import * as Net from "node:net"
-import { fileURLToPath } from "node:url"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { accepts, api, freePort, makeSpawner, sleep, until } from "../support/blackBox.js"
+import { makeProxy } from "../support/tcpProxy.js"
 
-const ROOT = fileURLToPath(new URL("../..", import.meta.url))
-const NODE = process.execPath
 const SECRET = "hello-secret"
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
-
-const until = async (what: string, condition: () => boolean | Promise<boolean>, ms = 15_000) => {
-  const deadline = Date.now() + ms
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(20)
-  }
-}
-
-const accepts = (port: number) =>
-  new Promise<boolean>((resolve) => {
-    const socket = Net.connect(port, "127.0.0.1")
-    socket.once("connect", () => (socket.destroy(), resolve(true)))
-    socket.once("error", () => resolve(false))
-  })
-
-/** A port nothing listens on now. */
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const server = Net.createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as Net.AddressInfo
-      server.close(() => resolve(port))
-    })
-  })
-
 const sign = (body: string | Buffer) => "sha256=" + createHmac("sha256", SECRET).update(body).digest("hex")
-
-// ---------------------------------------------------------------------------
-// A TCP proxy between the agent and the kernel, with rules on the requests
-// ---------------------------------------------------------------------------
-
-type Action = "reset" | "dropResponse" | "stall"
-
-interface Rule {
-  readonly match: RegExp
-  readonly action: Action
-  times: number
-  hits: number
-}
-
-const makeProxy = (targetPort: number) => {
-  const rules: Array<Rule> = []
-  const sockets = new Set<Net.Socket>()
-  let stalled: Array<() => void> | undefined
-  const server = Net.createServer((client) => {
-    const upstream = Net.connect(targetPort, "127.0.0.1")
-    sockets.add(client).add(upstream)
-    let dropResponse = false
-    const close = () => {
-      sockets.delete(client)
-      sockets.delete(upstream)
-      client.destroy()
-      upstream.destroy()
-    }
-    for (const s of [client, upstream]) s.on("error", close).on("close", close)
-    upstream.on("data", (data) => {
-      if (dropResponse) return void (client.resetAndDestroy(), upstream.destroy())
-      if (stalled !== undefined) return void stalled.push(() => client.write(data))
-      client.write(data)
-    })
-    client.on("data", (data) => {
-      // the SDK's socket client writes a request (head and body) in one go
-      const text = data.toString("utf8")
-      const rule = /^[A-Z]+ \//.test(text) ? rules.find((r) => r.times > 0 && r.match.test(text)) : undefined
-      if (rule !== undefined) {
-        rule.times--
-        rule.hits++
-        if (rule.action === "reset") return void (client.resetAndDestroy(), upstream.destroy())
-        if (rule.action === "dropResponse") dropResponse = true
-        if (rule.action === "stall") stalled = []
-      }
-      if (stalled !== undefined) return void stalled.push(() => upstream.write(data))
-      upstream.write(data)
-    })
-  })
-  return {
-    /** Listen on a free port; resolves with it. */
-    listen: () =>
-      new Promise<number>((resolve) =>
-        server.listen(0, "127.0.0.1", () => resolve((server.address() as Net.AddressInfo).port))
-      ),
-    rule: (match: RegExp, action: Action, times = 1): Rule => {
-      const rule: Rule = { match, action, times, hits: 0 }
-      rules.push(rule)
-      return rule
-    },
-    /** Forget the rules and let stalled traffic through. */
-    release: () => {
-      rules.length = 0
-      const pending = stalled ?? []
-      stalled = undefined
-      for (const write of pending) write()
-    },
-    close: () =>
-      new Promise<void>((resolve) => {
-        for (const s of sockets) s.destroy()
-        server.close(() => resolve())
-      })
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Raw HTTP against the agent's webhook
@@ -190,12 +87,6 @@ const signed = (body: string | Buffer) => request(body, { "Rebuno-Signature": si
 // The kernel's client and admin routes (dev mode: no auth)
 // ---------------------------------------------------------------------------
 
-const api = async (base: string, path: string, init?: RequestInit): Promise<{ status: number; json: any }> => {
-  const response = await fetch(base + path, init)
-  const text = await response.text()
-  return { status: response.status, json: text === "" ? undefined : JSON.parse(text) }
-}
-
 const createExecution = async (base: string, query: string): Promise<string> => {
   const created = await api(base, "/v0/executions", {
     method: "POST",
@@ -252,7 +143,8 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
   let proxyPort = 0
   let base = ""
   let proxy!: ReturnType<typeof makeProxy>
-  const children = new Set<ChildProcess>()
+  const spawner = makeSpawner()
+  const start = spawner.start
   let agent: ChildProcess | undefined
   let hookServer: Http.Server | undefined
   const current = stage === "current"
@@ -266,13 +158,6 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
       headers: { "content-type": "application/json", "rebuno-signature": signature },
       body
     }).then(async (response) => (await response.text(), response.status))
-
-  const start = (args: ReadonlyArray<string>, env: Record<string, string> = {}) => {
-    const child = spawn(NODE, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: "ignore" })
-    children.add(child)
-    child.once("exit", () => children.delete(child))
-    return child
-  }
 
   const startAgent = async () => {
     agent = start(["--import", "tsx", "examples/hello.ts"], {
@@ -317,7 +202,7 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
   }, 30_000)
 
   afterAll(async () => {
-    for (const child of children) child.kill("SIGKILL")
+    spawner.killAll("SIGKILL")
     await proxy?.close()
     await new Promise<void>((resolve) => hookServer === undefined ? resolve() : hookServer.close(() => resolve()))
   })
@@ -432,9 +317,9 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
       resetExecCompleteTwice: 2
     })
     // A submit that met a transport failure is not retried by the run: only a redelivery
-    // (attempt 2, after the 3 s lease) gets the execution going again.
-    expect(results[0]!.ackedAttempts).toContain(2)
-    expect(results[1]!.ackedAttempts).toContain(2)
+    // (attempt 2 after the 3 s lease, or a later one on a loaded host) gets the execution going again.
+    expect(results[0]!.ackedAttempts.some((attempt) => attempt >= 2)).toBe(true)
+    expect(results[1]!.ackedAttempts.some((attempt) => attempt >= 2)).toBe(true)
   })
 
   it("duplicate deliveries of one dispatch start one run; a late duplicate changes nothing", async () => {
@@ -503,7 +388,8 @@ describe.each(stages)("examples/hello.ts under abuse (stage $stage)", ({ stage }
     await startAgent()
     const results = []
     for (const id of ids) results.push(await expectCompletedOnce(base, id))
-    // the run that was mid-step when the process died finished on a redelivery
-    expect(results.some((r) => r.ackedAttempts.includes(2))).toBe(true)
+    // the run that was mid-step when the process died finished on a redelivery (attempt 2, or a
+    // later one when the restarted agent was not listening yet as attempt 2 came)
+    expect(results.some((r) => r.ackedAttempts.some((attempt) => attempt >= 2))).toBe(true)
   })
 })
