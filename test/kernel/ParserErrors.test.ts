@@ -11,11 +11,11 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, type Scope } from "effect"
-import * as Net from "node:net"
 import * as Kernel from "../../src/kernel/index.js"
+import { exchange, responses } from "../support/rawHttp.js"
 
 // ---------------------------------------------------------------------------
-// Raw sockets
+// Raw sockets (test/support/rawHttp)
 // ---------------------------------------------------------------------------
 
 interface Target {
@@ -23,87 +23,8 @@ interface Target {
   readonly port: number
 }
 
-interface Exchange {
-  readonly bytes: Buffer
-  /** The server closed the connection (rather than the ceiling ending the exchange). */
-  readonly closed: boolean
-}
-
-/**
- * Writes `request` and collects the answers until the server closes, `expect`
- * `Content-Length`-framed answers are complete, or `ceiling` ms pass.
- */
-const exchange = (
-  target: Target,
-  request: string | Buffer,
-  options: { readonly expect?: number; readonly ceiling?: number } = {}
-): Effect.Effect<Exchange> =>
-  Effect.callback<Exchange>((resume) => {
-    const socket = Net.connect(target.port, target.host)
-    const chunks: Array<Buffer> = []
-    let done = false
-    const finish = (closed: boolean) => {
-      if (done) return
-      done = true
-      clearTimeout(timer)
-      socket.destroy()
-      resume(Effect.succeed({ bytes: Buffer.concat(chunks), closed }))
-    }
-    const timer = setTimeout(() => finish(false), options.ceiling ?? 1500)
-    socket.on("data", (chunk) => {
-      chunks.push(chunk)
-      if (options.expect !== undefined && framed(Buffer.concat(chunks)) >= options.expect) finish(false)
-    })
-    socket.on("error", () => finish(true))
-    socket.on("close", () => finish(true))
-    socket.on("connect", () => socket.write(request))
-    return Effect.sync(() => finish(false))
-  })
-
-/** How many complete `Content-Length`-framed answers `bytes` starts with. */
-const framed = (bytes: Buffer): number => {
-  let n = 0
-  let offset = 0
-  for (;;) {
-    const end = bytes.indexOf("\r\n\r\n", offset)
-    if (end < 0) return n
-    const length = /\r\ncontent-length: *(\d+)/i.exec(bytes.subarray(offset, end).toString("latin1"))
-    if (length === null || end + 4 + Number(length[1]) > bytes.length) return n
-    offset = end + 4 + Number(length[1])
-    n++
-  }
-}
-
-interface Answer {
-  readonly statusLine: string
-  /** Lower-cased names; repeated fields joined with `, `. */
-  readonly headers: Readonly<Record<string, string>>
-  readonly body: string
-}
-
 /** The answers in `bytes`: `Content-Length` framing, or the body up to the close. */
-const parse = (bytes: Buffer): ReadonlyArray<Answer> => {
-  const out: Array<Answer> = []
-  let offset = 0
-  while (offset < bytes.length) {
-    const end = bytes.indexOf("\r\n\r\n", offset)
-    if (end < 0) break
-    const [statusLine, ...lines] = bytes.subarray(offset, end).toString("latin1").split("\r\n")
-    const headers: Record<string, string> = {}
-    for (const line of lines) {
-      const colon = line.indexOf(":")
-      const name = line.slice(0, colon).toLowerCase()
-      const value = line.slice(colon + 1).trim()
-      headers[name] = headers[name] === undefined ? value : `${headers[name]}, ${value}`
-    }
-    offset = end + 4
-    const length = headers["content-length"]
-    const bodyEnd = length === undefined ? bytes.length : offset + Number(length)
-    out.push({ statusLine: statusLine!, headers, body: bytes.subarray(offset, bodyEnd).toString("latin1") })
-    offset = bodyEnd
-  }
-  return out
-}
+const parse = (bytes: Buffer) => responses(bytes).list
 
 // ---------------------------------------------------------------------------
 // The table
@@ -273,7 +194,7 @@ const table: ReadonlyArray<Case> = [
 /** Asserts the table's answer for `c` from `target`. */
 const check = (target: Target, c: Case) =>
   Effect.gen(function*() {
-    const x = yield* exchange(target, c.request, c.fatal ? {} : { expect: 1 })
+    const x = yield* exchange(target, [c.request], c.fatal ? {} : { expect: 1 })
     const answers = parse(x.bytes)
     expect(answers.length, c.name).toBe(1)
     const [answer] = answers
@@ -300,7 +221,7 @@ const check = (target: Target, c: Case) =>
 /** The target still answers a fresh client. */
 const stillServing = (target: Target) =>
   Effect.gen(function*() {
-    const [health] = parse((yield* exchange(target, get("Connection: close\r\n"))).bytes)
+    const [health] = parse((yield* exchange(target, [get("Connection: close\r\n")])).bytes)
     expect(health?.statusLine).toBe("HTTP/1.1 200 OK")
   })
 
@@ -334,7 +255,7 @@ const suite = (label: string, target: Effect.Effect<Target, unknown, Scope.Scope
     it.live("a refused method on a parsed request keeps the connection: the next request is answered", () =>
       Effect.gen(function*() {
         const t = yield* target
-        const x = yield* exchange(t, `PROPFIND /v0/executions HTTP/1.1\r\n${H}\r\n` + get("Connection: close\r\n"))
+        const x = yield* exchange(t, [`PROPFIND /v0/executions HTTP/1.1\r\n${H}\r\n` + get("Connection: close\r\n")])
         expect(parse(x.bytes).map((a) => a.statusLine)).toEqual([
           "HTTP/1.1 405 Method Not Allowed",
           "HTTP/1.1 200 OK"
@@ -354,12 +275,12 @@ const suite = (label: string, target: Effect.Effect<Target, unknown, Scope.Scope
           [get("Connection: close\r\n") + "GARBAGE\r\n\r\n", ["HTTP/1.1 200 OK"]]
         ]
         for (const [request, statusLines] of cases) {
-          const x = yield* exchange(t, request)
+          const x = yield* exchange(t, [request])
           expect(x.closed).toBe(true)
           expect(parse(x.bytes).map((a) => a.statusLine)).toEqual(statusLines)
         }
         // a method Node's parser refuses, after two: Go keeps the connection, the embedded kernel closes it
-        const x = yield* exchange(t, get("") + get("") + `FOO /v0/health HTTP/1.1\r\n${H}\r\n`, { expect: 3 })
+        const x = yield* exchange(t, [get("") + get("") + `FOO /v0/health HTTP/1.1\r\n${H}\r\n`], { expect: 3 })
         expect(parse(x.bytes).map((a) => a.statusLine)).toEqual([
           "HTTP/1.1 200 OK",
           "HTTP/1.1 200 OK",
@@ -372,7 +293,7 @@ const suite = (label: string, target: Effect.Effect<Target, unknown, Scope.Scope
         const t = yield* target
         // a refused head, the client gone before the answer
         for (const request of [`FOO / HTTP/1.1\r\n${H}\r\n`, post("Transfer-Encoding: foo\r\n"), "GARBAGE\r\n\r\n"]) {
-          yield* exchange(t, request, { ceiling: 1 })
+          yield* exchange(t, [request], { ceiling: 1 })
         }
         yield* stillServing(t)
       }))

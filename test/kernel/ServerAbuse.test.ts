@@ -11,6 +11,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Option, Redacted, Scope } from "effect"
 import * as Crypto from "node:crypto"
 import * as Net from "node:net"
+import { type Exchange, exchange, type Part, type Response, responses } from "../support/rawHttp.js"
 import * as Kernel from "../../src/kernel/index.js"
 
 const SECRET = "abuse-secret"
@@ -19,111 +20,8 @@ const UNAUTHORIZED = "{\"code\":\"unauthorized\",\"message\":\"unauthorized\"}\n
 const MIB10 = 10 * 1024 * 1024
 
 // ---------------------------------------------------------------------------
-// Raw sockets
+// Raw sockets (test/support/rawHttp)
 // ---------------------------------------------------------------------------
-
-type Part = string | Buffer | number
-
-interface Exchange {
-  /** Every byte the server sent. */
-  readonly bytes: Buffer
-  /** The server closed the connection (rather than the exchange's ceiling ending it). */
-  readonly closed: boolean
-}
-
-/**
- * Connects, writes the parts in order (a number waits that many ms), then
- * collects what the server sends until it closes the connection, `expect`
- * complete responses have arrived, or `ceiling` ms have passed. `end` half-closes
- * after the last part.
- */
-const exchange = (
-  port: number,
-  parts: ReadonlyArray<Part>,
-  options: { readonly expect?: number; readonly ceiling?: number; readonly end?: boolean } = {}
-): Effect.Effect<Exchange> =>
-  Effect.callback<Exchange>((resume) => {
-    const socket = Net.connect(port, "127.0.0.1")
-    const chunks: Array<Buffer> = []
-    let done = false
-    const finish = (closed: boolean) => {
-      if (done) return
-      done = true
-      clearTimeout(timer)
-      socket.destroy()
-      resume(Effect.succeed({ bytes: Buffer.concat(chunks), closed }))
-    }
-    const timer = setTimeout(() => finish(false), options.ceiling ?? 1500)
-    socket.on("data", (chunk) => {
-      chunks.push(chunk)
-      if (options.expect !== undefined && responses(Buffer.concat(chunks)).complete >= options.expect) finish(false)
-    })
-    socket.on("error", () => {})
-    socket.on("close", () => finish(true))
-    socket.on("connect", async () => {
-      for (const part of parts) {
-        if (typeof part === "number") await new Promise((r) => setTimeout(r, part))
-        else if (!socket.destroyed) socket.write(part)
-      }
-      if (options.end === true && !socket.destroyed) socket.end()
-    })
-    return Effect.sync(() => finish(false))
-  })
-
-interface Response {
-  readonly status: number
-  readonly headers: Readonly<Record<string, string>>
-  readonly body: string
-}
-
-/** The complete HTTP/1.x responses in `bytes` (content-length or chunked framing, or up to the end). */
-const responses = (bytes: Buffer): { readonly list: ReadonlyArray<Response>; readonly complete: number } => {
-  const list: Array<Response> = []
-  let offset = 0
-  while (offset < bytes.length) {
-    const headEnd = bytes.indexOf("\r\n\r\n", offset)
-    if (headEnd < 0) break
-    const lines = bytes.subarray(offset, headEnd).toString("latin1").split("\r\n")
-    const status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(lines[0]!)?.[1] ?? -1)
-    const headers: Record<string, string> = {}
-    for (const line of lines.slice(1)) {
-      const colon = line.indexOf(":")
-      headers[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim()
-    }
-    offset = headEnd + 4
-    if (status >= 100 && status < 200) {
-      list.push({ status, headers, body: "" })
-      continue
-    }
-    const length = headers["content-length"]
-    if (length !== undefined) {
-      if (offset + Number(length) > bytes.length) break
-      list.push({ status, headers, body: bytes.subarray(offset, offset + Number(length)).toString("utf8") })
-      offset += Number(length)
-    } else if (headers["transfer-encoding"] === "chunked") {
-      const parts: Array<Buffer> = []
-      let complete = false
-      for (;;) {
-        const lineEnd = bytes.indexOf("\r\n", offset)
-        if (lineEnd < 0) break
-        const size = parseInt(bytes.subarray(offset, lineEnd).toString("latin1"), 16)
-        if (size === 0) {
-          offset = lineEnd + 4
-          complete = true
-          break
-        }
-        parts.push(bytes.subarray(lineEnd + 2, lineEnd + 2 + size))
-        offset = lineEnd + 2 + size + 2
-      }
-      if (!complete) break
-      list.push({ status, headers, body: Buffer.concat(parts).toString("utf8") })
-    } else {
-      list.push({ status, headers, body: status === 204 ? "" : bytes.subarray(offset).toString("utf8") })
-      offset = status === 204 ? offset : bytes.length
-    }
-  }
-  return { list, complete: list.length }
-}
 
 const answers = (x: Exchange): ReadonlyArray<Response> => responses(x.bytes).list
 
