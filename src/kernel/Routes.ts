@@ -421,21 +421,9 @@ const decodeCaptures = (
   capturesRaw: string | undefined,
   failuresRaw: string | undefined
 ): Core.CaptureRecords | undefined => {
-  const items = (raw: string | undefined): ReadonlyArray<string> | undefined => {
-    if (raw === undefined || raw === "null") return []
-    const trimmed = raw.trim()
-    if (!trimmed.startsWith("[")) return undefined
-    // Each element as raw text: parse once, re-serialise objects for strict member decoding.
-    // `JSON.stringify` recurses natively and throws on an element nested a few thousand
-    // levels deep; such an element is refused anyway (a capture's members are all scalars).
-    try {
-      const parsed: unknown = JSON.parse(trimmed)
-      if (!Array.isArray(parsed)) return undefined
-      return parsed.map((item) => JSON.stringify(item))
-    } catch {
-      return undefined
-    }
-  }
+  // Each element as its source text, so the strict member decoding sees `1.0` as sent (not an int).
+  const items = (raw: string | undefined): ReadonlyArray<string> | undefined =>
+    raw === undefined || raw === "null" ? [] : Json.parseArrayElements(raw)
   const captureItems = items(capturesRaw)
   const failureItems = items(failuresRaw)
   if (captureItems === undefined || failureItems === undefined) return undefined

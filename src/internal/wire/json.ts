@@ -808,6 +808,34 @@ export const parseObjectMembers = (text: string): ReadonlyMap<string, string> | 
 }
 
 /**
+ * Strict decoding of a JSON array given as raw text: `text` must be exactly
+ * one JSON array, optionally surrounded by whitespace. Returns each element's
+ * exact source text (not re-encoded, so `1.0` stays `1.0` for a strict
+ * integer check), in order. Nested values are fully validated.
+ *
+ * Returns `undefined` when `text` is not valid JSON, not an array, or
+ * followed by anything but whitespace.
+ *
+ * @since 0.2.0
+ * @category decoding
+ */
+export const parseArrayElements = (text: string): ReadonlyArray<string> | undefined => {
+  const elements: Array<string> = []
+  return whole(
+    text,
+    () =>
+      src.charCodeAt(pos) === 0x5b &&
+      scanItems(0x5d, () => {
+        const valueStart = pos
+        if (!walkValue(1)) return false
+        elements.push(src.slice(valueStart, pos))
+        return true
+      }),
+    () => elements
+  )
+}
+
+/**
  * Decodes raw JSON text that must be exactly one JSON string (surrounding
  * whitespace allowed), with the decoding rules of PROTOCOL 8.3: escapes decoded,
  * lone surrogates become U+FFFD, valid escaped pairs combine. Use it for string
