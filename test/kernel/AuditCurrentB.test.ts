@@ -578,6 +578,20 @@ describe("C.9.2 /v0/api-keys edges", () => {
       const rotated = yield* h.send("POST", `/v0/api-keys/${JSON.parse(wide.body).id}/rotate`)
       expect(Object.keys(JSON.parse(rotated.body))).toEqual(["id", "name", "scopes", "created_at", "token"])
     }))
+
+  it.effect("C.9.2: the name is trimmed as Go's strings.TrimSpace: NEL is space, a byte order mark is not", () =>
+    Effect.gen(function*() {
+      const h = yield* harness()
+      const create = (name: string) =>
+        h.send("POST", "/v0/api-keys", { body: JSON.stringify({ name, scopes: ["agents:read"] }) })
+      const nel = yield* create("\u0085")
+      expect([nel.status, JSON.parse(nel.body).message]).toEqual([400, "validation error: name and scopes are required"])
+      const bom = yield* create("\ufeff")
+      expect(bom.status).toBe(201)
+      expect(JSON.parse(bom.body).name).toBe("\ufeff")
+      const padded = yield* create("\u0085\u3000ops\u2028 ")
+      expect(JSON.parse(padded.body).name).toBe("ops")
+    }))
 })
 
 describe("C.9.3 agent ownership", () => {

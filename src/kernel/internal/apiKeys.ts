@@ -10,6 +10,7 @@
  */
 import { hash } from "node:crypto"
 import { parseUuid, uuidv7 } from "../../internal/wire/uuid.js"
+import { trimSpace } from "./goFormat.js"
 import { goQuote } from "./goQuote.js"
 import type { ApiKeyRecord, IssuedApiKey, KernelFailure, Scope } from "./model.js"
 import { conflict, notFound, scopes as knownScopes, validation } from "./model.js"
@@ -70,7 +71,7 @@ export const validateKey = (
   name: string,
   scopes: ReadonlyArray<string>
 ): { readonly name: string; readonly scopes: ReadonlyArray<Scope> } | KernelFailure => {
-  const trimmed = name.trim()
+  const trimmed = trimSpace(name)
   const bytes = utf8.encode(trimmed).length
   if (bytes < 1 || bytes > 200 || scopes.length === 0) return validation(NAME_AND_SCOPES)
   for (const s of scopes) {

@@ -2,7 +2,8 @@
  * Go formatting rules the policy engine must reproduce: `%v` of a value
  * decoded from JSON (PROTOCOL 10.4, used for argument predicates), `%q` for
  * identifiers in validation messages, and Go's byte-wise (code point) string
- * order used when `%v` prints map keys.
+ * order used when `%v` prints map keys; and Go's `strings.TrimSpace`, which
+ * the kernel's validations use.
  *
  * @since 0.1.0
  * @internal
@@ -162,4 +163,31 @@ export const quote = (s: string): string => {
     else out += ch
   }
   return out + "\""
+}
+
+/**
+ * Go's `unicode.IsSpace` for a UTF-16 code unit: what `strings.TrimSpace`
+ * removes. Unlike JavaScript's `String.prototype.trim` it includes U+0085
+ * (NEL) and excludes U+FEFF (the byte order mark).
+ *
+ * @since 0.2.0
+ * @category strings
+ */
+export const isSpace = (c: number): boolean =>
+  (c >= 0x09 && c <= 0x0d) || c === 0x20 || c === 0x85 || c === 0xa0 || c === 0x1680 ||
+  (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029 || c === 0x202f || c === 0x205f || c === 0x3000
+
+/**
+ * Go's `strings.TrimSpace`: `s` without leading and trailing {@link isSpace}
+ * characters.
+ *
+ * @since 0.2.0
+ * @category strings
+ */
+export const trimSpace = (s: string): string => {
+  let start = 0
+  let end = s.length
+  while (start < end && isSpace(s.charCodeAt(start))) start++
+  while (end > start && isSpace(s.charCodeAt(end - 1))) end--
+  return s.slice(start, end)
 }

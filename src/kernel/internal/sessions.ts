@@ -9,13 +9,9 @@
  * @internal
  */
 import type { ExecState, ExecutionTable, SessionState } from "./executions.js"
+import { isSpace } from "./goFormat.js"
 import type { KernelFailure } from "./model.js"
 import { validation } from "./model.js"
-
-/** Go's `unicode.IsSpace`: what `strings.TrimSpace` removes. */
-const isGoSpace = (c: number): boolean =>
-  (c >= 0x09 && c <= 0x0d) || c === 0x20 || c === 0x85 || c === 0xa0 || c === 0x1680 ||
-  (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029 || c === 0x202f || c === 0x205f || c === 0x3000
 
 /**
  * Whether `s` is a valid label (C.4.1): at most 256 bytes of UTF-8 (a lone
@@ -42,7 +38,7 @@ export const isLabel = (s: string): boolean => {
       continue
     } else if (c >= 0xdc00 && c <= 0xdfff) return false
     else bytes += 3
-    if (blank && !isGoSpace(c)) blank = false
+    if (blank && !isSpace(c)) blank = false
   }
   return bytes <= 256 && !blank
 }
