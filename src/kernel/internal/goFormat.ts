@@ -8,6 +8,7 @@
  * @since 0.1.0
  * @internal
  */
+import { goQuote } from "./goQuote.js"
 
 /**
  * Go's `%v` of a `float64`: shortest round-trip digits, exponent form
@@ -114,56 +115,16 @@ const formatScalar = (value: unknown): string => {
   }
 }
 
-const hex = (n: number, width: number): string => n.toString(16).padStart(width, "0")
-
-const notPrintable = /^[\p{C}\p{Z}]$/u
 
 /**
  * Go's `%q` (`strconv.Quote`) of a string: double quotes, backslash escapes
- * for quotes, backslashes, control and non-printable characters.
+ * for quotes, backslashes, control and non-printable characters (one
+ * definition for the kernel: `goQuote`).
  *
  * @since 0.1.0
  * @category formatting
  */
-export const quote = (s: string): string => {
-  let out = "\""
-  for (const ch of s) {
-    const c = ch.codePointAt(0)!
-    switch (ch) {
-      case "\"":
-        out += "\\\""
-        continue
-      case "\\":
-        out += "\\\\"
-        continue
-      case "\x07":
-        out += "\\a"
-        continue
-      case "\b":
-        out += "\\b"
-        continue
-      case "\f":
-        out += "\\f"
-        continue
-      case "\n":
-        out += "\\n"
-        continue
-      case "\r":
-        out += "\\r"
-        continue
-      case "\t":
-        out += "\\t"
-        continue
-      case "\v":
-        out += "\\v"
-        continue
-    }
-    if (c < 0x20 || c === 0x7f) out += `\\x${hex(c, 2)}`
-    else if (c !== 0x20 && notPrintable.test(ch)) out += c > 0xffff ? `\\U${hex(c, 8)}` : `\\u${hex(c, 4)}`
-    else out += ch
-  }
-  return out + "\""
-}
+export const quote: (s: string) => string = goQuote
 
 /**
  * Go's `unicode.IsSpace` for a UTF-16 code unit: what `strings.TrimSpace`
