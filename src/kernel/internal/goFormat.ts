@@ -115,7 +115,6 @@ const formatScalar = (value: unknown): string => {
   }
 }
 
-
 /**
  * Go's `%q` (`strconv.Quote`) of a string: double quotes, backslash escapes
  * for quotes, backslashes, control and non-printable characters (one
