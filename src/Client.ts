@@ -4,8 +4,8 @@
  * subagent bindings, PROTOCOL-CURRENT C.4, C.5); fork an execution and read
  * its fork points (C.7); read an execution's previous state; read events page by page or follow them as a `Stream` until the
  * execution ends; watch live deltas over SSE; read steps; list and decide
- * approvals; administer agents, their policy bundles and scoped API keys
- * (C.9.2).
+ * approvals; administer agents, their policy bundles (and test a bundle
+ * without storing it, C.8.6) and scoped API keys (C.9.2).
  *
  * Requests carry `Authorization: Bearer <apiKey>` when an API key is configured
  * (option, else `REBUNO_API_KEY`) and no `Authorization` header otherwise (a dev
@@ -296,6 +296,109 @@ export interface ApiKeyRequest {
 }
 
 /**
+ * A decision a policy rule gives (PROTOCOL-CURRENT C.8.6).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type PolicyDecision = "allow" | "deny" | "require_approval" | "judge"
+
+/**
+ * One case of {@link Client.Service.testPolicy}: a step to evaluate and,
+ * optionally, what the bundle should decide for it. `args` must be JSON
+ * (default `{}`); `kind` defaults to `tool_call` and `agentId` to the agent
+ * tested.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface PolicyTestCase {
+  readonly name?: string | undefined
+  readonly kind?: "tool_call" | "llm_call" | "local" | (string & {}) | undefined
+  readonly target: string
+  readonly args?: unknown
+  readonly agentId?: string | undefined
+  /** The decision the bundle should give. */
+  readonly expect?: PolicyDecision | undefined
+  /** The id of the rule that should decide (or `default`, `local`, `permissive`). */
+  readonly expectRule?: string | undefined
+}
+
+/**
+ * What {@link Client.Service.testPolicy} evaluates a bundle against: cases,
+ * or the recorded steps of one of the agent's executions (each expecting
+ * the decision and rule recorded when it was submitted).
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type PolicyTestRequest =
+  | { readonly bundle: string; readonly cases: ReadonlyArray<PolicyTestCase> }
+  | { readonly bundle: string; readonly executionId: string }
+
+const optionalFlag = Schema.optionalKey(Schema.NullOr(Schema.Boolean)).pipe(
+  Schema.decodeTo(Schema.Boolean, {
+    decode: SchemaGetter.transformOptional((o: Option.Option<boolean | null>) =>
+      Option.orElseSome(Option.filter(o, (b): b is boolean => b !== null), () => false)
+    ),
+    encode: SchemaGetter.required()
+  })
+)
+
+/**
+ * One result of a policy test: the case, the bundle's decision, rule id and
+ * reason, whether the deciding rule has a rate limit or a token budget (not
+ * counted by a test), what was expected (when given) and whether it held.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const PolicyTestCaseResult = Schema.Struct({
+  name: lenientString,
+  kind: lenientString,
+  target: lenientString,
+  decision: lenientString,
+  ruleId: lenientString,
+  reason: lenientString,
+  rateLimit: optionalFlag,
+  budget: optionalFlag,
+  expect: nonEmptyString,
+  expectRule: nonEmptyString,
+  passed: Schema.Boolean
+}).pipe(Schema.encodeKeys({ ruleId: "rule_id", rateLimit: "rate_limit", expectRule: "expect_rule" }))
+
+/**
+ * A decoded result of a policy test case.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface PolicyTestCaseResult extends Schema.Schema.Type<typeof PolicyTestCaseResult> {}
+
+/**
+ * The answer of `POST /v0/policies/{agent_id}/test` (the embedded kernel's
+ * format; PROTOCOL-CURRENT C.8.6 names the route only): whether every case
+ * passed, the results in case order, and the ids of the bundle's rules no
+ * case reached, in file order.
+ *
+ * @since 0.2.0
+ * @category schemas
+ */
+export const PolicyTestResult = Schema.Struct({
+  passed: Schema.Boolean,
+  results: Protocol.NullableList(PolicyTestCaseResult),
+  unreachedRules: lenientStrings
+}).pipe(Schema.encodeKeys({ unreachedRules: "unreached_rules" }))
+
+/**
+ * A decoded policy test answer.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface PolicyTestResult extends Schema.Schema.Type<typeof PolicyTestResult> {}
+
+/**
  * @since 0.1.0
  * @category models
  */
@@ -410,6 +513,42 @@ export declare namespace Client {
     /** `POST /v0/policies/{agent_id}` with the raw YAML bundle; `""` removes the policy. */
     readonly loadPolicy: (agentId: string, bundle: string) => Effect.Effect<void, KernelError>
     /**
+     * `POST /v0/policies/{agent_id}/test` (PROTOCOL-CURRENT C.8.6, scopes
+     * `policies:write` and `executions:read`): evaluates a bundle against
+     * cases, or against the recorded steps of one of the agent's executions,
+     * without storing it — the agent's policy is untouched. A bad bundle is
+     * the `400` loading it gives. Evaluation is the bundle's rules alone: no
+     * judge is asked (a `judge` rule answers `judge`), no rate limit or
+     * budget is counted. A case's `args` must be JSON (`InvalidArguments`
+     * otherwise, before anything is sent). Current-stage embedded kernels
+     * only; the body format is this SDK's and kernel's own.
+     *
+     * ```ts
+     * import { Effect } from "effect"
+     * import { Client } from "effect-rebuno"
+     *
+     * const program = Effect.gen(function*() {
+     *   const client = yield* Client.Client
+     *   const report = yield* client.testPolicy("hello", {
+     *     bundle: "default_action: deny\nrules:\n  - id: search\n" +
+     *       "    when: { target: web_search }\n    then: { decision: allow }\n",
+     *     cases: [
+     *       { name: "search is allowed", target: "web_search", args: { query: "hi" }, expect: "allow" },
+     *       { target: "send_email", expect: "deny", expectRule: "default" }
+     *     ]
+     *   })
+     *   if (!report.passed) yield* Effect.logWarning(report.results.filter((r) => !r.passed))
+     *   return report.unreachedRules
+     * })
+     * ```
+     *
+     * @since 0.2.0
+     */
+    readonly testPolicy: (
+      agentId: string,
+      request: PolicyTestRequest
+    ) => Effect.Effect<PolicyTestResult, KernelError | InvalidArguments>
+    /**
      * `POST /v0/api-keys` (PROTOCOL-CURRENT C.9.2, scope `api_keys:manage`):
      * a new key and its token, shown only this once. Never retried (a retry
      * could create a second key).
@@ -512,6 +651,33 @@ const decodeApiKeys = Http.jsonDecoder(Protocol.NullableList(ApiKey))
 const decodeApiKeyWithToken = Http.jsonDecoder(ApiKeyWithToken)
 const decodePrevious = Http.jsonDecoder(Schema.Struct({ state: Schema.optionalKey(Schema.Unknown) }))
 const decodeForkPoints = Http.jsonDecoder(Protocol.ForkPoints)
+const decodePolicyTest = Http.jsonDecoder(PolicyTestResult)
+
+/** The body of a policy test, or the case whose `args` are not JSON. */
+const policyTestBody = (agentId: string, req: PolicyTestRequest): string | InvalidArguments => {
+  const body = "{\"bundle\":" + JSON.stringify(req.bundle)
+  if ("executionId" in req) return body + ",\"execution_id\":" + JSON.stringify(req.executionId) + "}"
+  const cases: Array<string> = []
+  for (let i = 0; i < req.cases.length; i++) {
+    const c = req.cases[i]!
+    let item = "{\"target\":" + JSON.stringify(c.target)
+    if (c.name !== undefined) item += ",\"name\":" + JSON.stringify(c.name)
+    if (c.kind !== undefined) item += ",\"kind\":" + JSON.stringify(c.kind)
+    if (c.args !== undefined) {
+      const encoded = stringifyStrict(c.args)
+      if (encoded._tag === "Invalid") {
+        const path = `cases[${i}].args` + encoded.path.slice(1)
+        return new InvalidArguments({ target: agentId, path, reason: encoded.reason })
+      }
+      item += ",\"args\":" + encoded.json
+    }
+    if (c.agentId !== undefined) item += ",\"agent_id\":" + JSON.stringify(c.agentId)
+    if (c.expect !== undefined) item += ",\"expect\":" + JSON.stringify(c.expect)
+    if (c.expectRule !== undefined) item += ",\"expect_rule\":" + JSON.stringify(c.expectRule)
+    cases.push(item + "}")
+  }
+  return body + ",\"cases\":[" + cases.join(",") + "]}"
+}
 
 const DEFAULT_EVENTS_PAGE = 100
 const MAX_EVENTS_PAGE = 1000
@@ -880,6 +1046,15 @@ export const make: (options: Options) => Effect.Effect<Client.Service, Config.Co
           Http.retryTransport,
           span("loadPolicy", { "rebuno.agent_id": agentId })
         ),
+      testPolicy: (agentId, testRequest) =>
+        Effect.suspend((): Effect.Effect<PolicyTestResult, KernelError | InvalidArguments> => {
+          const body = policyTestBody(agentId, testRequest)
+          if (body instanceof InvalidArguments) return Effect.fail(body)
+          // Nothing is stored: a repeat is safe.
+          return exchange(request("POST", "/v0/policies/" + seg(agentId) + "/test", body), decodePolicyTest).pipe(
+            Http.retryTransport
+          )
+        }).pipe(span("testPolicy", { "rebuno.agent_id": agentId })),
       createApiKey: (keyRequest) =>
         exchange(
           request("POST", "/v0/api-keys", JSON.stringify({ name: keyRequest.name, scopes: keyRequest.scopes })),

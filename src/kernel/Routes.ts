@@ -14,7 +14,8 @@
  * scopes every route checks (C.9.1, {@link bearerScopes}), agent principals act
  * only on their own executions (C.9.3), and the metadata, API-key, resource
  * and fork routes exist (C.3, C.9.2, C.6, C.7), with captures on step
- * outcomes (C.6.5); the seed and v0.14.0 stages answer as before.
+ * outcomes (C.6.5), and the policy test route (C.8.6, with a body of our
+ * own); the seed and v0.14.0 stages answer as before.
  *
  * The step submit and outcome routes, which an agent calls on every step,
  * also have a synchronous form ({@link makeHandlers}): it answers a request
@@ -36,7 +37,9 @@ import { decodeUtf8 } from "../internal/wire/utf8.js"
 import * as Signature from "../Signature.js"
 import type * as Core from "./Core.js"
 import * as Decisions from "./internal/decisions.js"
-import { conflict, forbidden, KernelFailure, notFound } from "./internal/model.js"
+import { conflict, forbidden, KernelFailure, notFound, validation as validationFailure } from "./internal/model.js"
+import { compileBundle } from "./internal/agents.js"
+import * as PolicyTest from "./internal/policyTest.js"
 import * as Resources from "./internal/resources.js"
 import * as Wire from "./Wire.js"
 
@@ -1107,6 +1110,44 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
         const body = yield* strict(ctx, { bundle: "string" })
         yield* core.loadPolicy(ctx.params.agent_id!, body.bundle ?? "")
         return noContent
+      })),
+    routeCurrent("POST", "/v0/policies/{agent_id}/test", "bearer", (ctx) =>
+      Effect.gen(function*() {
+        // PROTOCOL-CURRENT C.8.6; the body is the embedded kernel's own (internal/policyTest.ts)
+        const agentId = ctx.params.agent_id!
+        const body = yield* strict(ctx, { bundle: "string", cases: "any", execution_id: "string" })
+        if (body.bundle === undefined) {
+          return yield* Effect.fail(validationFailure("validation error: bundle is required"))
+        }
+        const hasCases = body.cases !== undefined && body.cases !== "null"
+        const hasExecution = body.execution_id !== undefined && body.execution_id !== ""
+        if (hasCases === hasExecution) {
+          return yield* Effect.fail(
+            validationFailure("validation error: exactly one of cases and execution_id is required")
+          )
+        }
+        const bundle = compileBundle(body.bundle)
+        if (bundle instanceof KernelFailure) return yield* Effect.fail(bundle)
+        let cases: ReadonlyArray<PolicyTest.TestCase>
+        if (hasCases) {
+          const decoded = PolicyTest.decodeCases(body.cases!, agentId)
+          if (decoded instanceof KernelFailure) return yield* Effect.fail(decoded)
+          yield* core.getAgent(agentId)
+          cases = decoded
+        } else {
+          const id = Uuid.parseUuid(body.execution_id!)
+          if (id === undefined) {
+            return yield* Effect.fail(
+              validationFailure("validation error: execution_id must be an execution id (a UUID)")
+            )
+          }
+          yield* core.getAgent(agentId)
+          const execution = yield* core.getExecution(id)
+          if (execution.agentId !== agentId) return yield* Effect.fail(forbidden())
+          const events = yield* core.eventLog(id)
+          cases = PolicyTest.replayCases(events, agentId, (stepId) => core.unsafeGetStep(id, stepId)?.argsRaw)
+        }
+        return json(200, PolicyTest.encodeReport(PolicyTest.run(bundle, cases)))
       })),
 
     // --- approvals ---

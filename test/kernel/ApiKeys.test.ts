@@ -296,6 +296,7 @@ describe("bearer authentication (C.9.1)", () => {
         ["POST", "/v0/agents", "{\"id\":\"new\",\"webhook_url\":\"http://127.0.0.1:9/n\",\"secret\":\"s\"}", ["agents:write"]],
         ["DELETE", "/v0/agents/nobody", "", ["agents:write"]],
         ["POST", "/v0/policies/hello", "{\"bundle\":\"\"}", ["policies:write"]],
+        ["POST", "/v0/policies/hello/test", "{\"bundle\":\"\",\"cases\":[]}", ["policies:write", "executions:read"]],
         ["POST", "/v0/api-keys", "{\"name\":\"k\",\"scopes\":[\"agents:read\"]}", ["api_keys:manage"]],
         ["GET", "/v0/api-keys", "", ["api_keys:manage"]],
         ["POST", `/v0/api-keys/${UNKNOWN_ID}/rotate`, "", ["api_keys:manage"]],

@@ -113,18 +113,29 @@ export class AgentTable {
    * agent lookup (404); `""` removes.
    */
   loadPolicy(agentId: string, bundle: string, stage: Stage = "current"): void | KernelFailure {
-    let policy: Policy.Bundle | undefined
-    if (bundle !== "") {
-      const parsed = Policy.parseBundle(bundle, { stage })
-      if (Result.isFailure(parsed)) {
-        return validation("load policy bundle: validation error: invalid policy bundle: " + parsed.failure)
-      }
-      policy = parsed.success
-    }
+    const policy = compileBundle(bundle, stage)
+    if (policy instanceof KernelFailure) return policy
     const agent = this.byId.get(agentId)
     if (agent === undefined) {
       return new KernelFailure({ status: 404, code: "not_found", message: "load policy bundle: not found" })
     }
     this.byId.set(agentId, { ...agent, policyBundle: bundle, policy })
   }
+}
+
+/**
+ * A policy bundle as `POST /v0/policies/{agent_id}` reads it (PROTOCOL 11.10),
+ * in the language of `stage`: parsed and validated, with the route's `400`
+ * for a bad one; `undefined` for `""` (no policy: every step `permissive`).
+ * The policy test (C.8.6) reads its bundle the same way.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const compileBundle = (text: string, stage: Stage = "current"): Policy.Bundle | undefined | KernelFailure => {
+  if (text === "") return undefined
+  const parsed = Policy.parseBundle(text, { stage })
+  return Result.isFailure(parsed)
+    ? validation("load policy bundle: validation error: invalid policy bundle: " + parsed.failure)
+    : parsed.success
 }
