@@ -39,6 +39,7 @@ import type * as Core from "./Core.js"
 import * as Decisions from "./internal/decisions.js"
 import { conflict, forbidden, KernelFailure, notFound, validation as validationFailure } from "./internal/model.js"
 import { compileBundle } from "./internal/agents.js"
+import * as GoHttp from "./internal/goHttp.js"
 import * as PolicyTest from "./internal/policyTest.js"
 import * as Resources from "./internal/resources.js"
 import * as Wire from "./Wire.js"
@@ -203,13 +204,8 @@ const splitTarget = (url: string): { readonly path: string; readonly query: stri
   return q < 0 ? { path: target, query: "" } : { path: target.slice(0, q), query: target.slice(q + 1) }
 }
 
-const decodeSegment = (s: string): string => {
-  try {
-    return decodeURIComponent(s)
-  } catch {
-    return s
-  }
-}
+const INT64_MAX = 9223372036854775807n
+const INT64_MIN = -9223372036854775808n
 
 /** Go's `strconv.Atoi`: optional sign, decimal digits, within int64. */
 const parseGoInt = (s: string): number | undefined => {
@@ -217,8 +213,20 @@ const parseGoInt = (s: string): number | undefined => {
   // A sign and at most 15 digits: exact as a number (`+ 0` turns `-0` into `0`, as `BigInt` does).
   if (s.length <= 16) return Number(s) + 0
   const n = BigInt(s)
-  if (n > 9223372036854775807n || n < -9223372036854775808n) return undefined
+  if (n > INT64_MAX || n < INT64_MIN) return undefined
   return Number(n)
+}
+
+/**
+ * Go's `strconv.ParseInt(s, 10, 64)` with its error ignored, as the
+ * reference kernel reads the event paging parameters (11.5): 0 for text that
+ * is not a number, the int64 bound for a number beyond it.
+ */
+const parseGoIntLenient = (s: string): number => {
+  if (!/^[+-]?[0-9]+$/.test(s)) return 0
+  if (s.length <= 16) return Number(s) + 0
+  const n = BigInt(s)
+  return Number(n > INT64_MAX ? INT64_MAX : n < INT64_MIN ? INT64_MIN : n)
 }
 
 const NIL_UUID = "00000000-0000-0000-0000-000000000000"
@@ -646,7 +654,10 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
     const parsed = rawId === "" ? undefined : Uuid.parseUuid(rawId)
     const dispatchId = parsed === NIL_UUID ? undefined : parsed
     if (compat()) {
-      if (route === "submit" && dispatchId === undefined) return missingDispatchIdCompat
+      // 17.A: an absent (or nil) id is "missing"; one that does not parse is the plain 400 of 2.5.
+      if (route === "submit" && dispatchId === undefined) {
+        return rawId !== "" && parsed === undefined ? validation : missingDispatchIdCompat
+      }
       return { dispatchId: dispatchId ?? "", attempt: undefined }
     }
     if (dispatchId === undefined) return badDispatchId
@@ -838,8 +849,8 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
     route("GET", "/v0/executions/{id}/events", "bearer", (ctx) =>
       Effect.gen(function*() {
         const id = yield* executionId(ctx)
-        const afterSeq = parseGoInt(ctx.query.get("after_seq") ?? "") ?? 0
-        const rawLimit = parseGoInt(ctx.query.get("limit") ?? "") ?? 0
+        const afterSeq = parseGoIntLenient(ctx.query.get("after_seq") ?? "")
+        const rawLimit = parseGoIntLenient(ctx.query.get("limit") ?? "")
         const limit = rawLimit <= 0 ? 100 : rawLimit > 1000 ? 1000 : rawLimit
         const events = yield* core.listEvents(id, afterSeq, limit)
         return json(200, Wire.encodeEvents(events))
@@ -1199,7 +1210,7 @@ export const makeHandlers = (core: Core.KernelCore, options: Options = {}): Hand
 
   const dispatch = (req: KernelRequest): Effect.Effect<KernelResponse, Reject | Core.KernelFailure> => {
     const { path, query } = splitTarget(req.url)
-    const segments = path.split("/").map(decodeSegment)
+    const segments = GoHttp.routedSegments(path)
     const allowed: Array<string> = []
     const isCurrent = current()
     for (const r of routes) {

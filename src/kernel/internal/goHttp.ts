@@ -274,3 +274,45 @@ export const rawResponse = (v: Refusal): string =>
   v._tag === "Fatal"
     ? `HTTP/1.1 ${v.status} ${v.reason}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n${v.body}`
     : `HTTP/1.1 ${v.status} ${v.reason}\r\nDate: ${new Date().toUTCString()}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`
+
+/** Bytes `net/url` leaves as they are in a path (`shouldEscape(c, encodePath)` false). */
+const PATH_SAFE = /^[A-Za-z0-9\-_.~$&+,/:;=@]$/
+const utf8 = new TextEncoder()
+
+/** `net/url`'s `escape(s, encodePath)`: the canonical escaping of a decoded path. */
+const escapePath = (s: string): string => {
+  let out = ""
+  for (const ch of s) {
+    if (PATH_SAFE.test(ch)) out += ch
+    else for (const b of utf8.encode(ch)) out += "%" + b.toString(16).toUpperCase().padStart(2, "0")
+  }
+  return out
+}
+
+const decodeSegment = (s: string): string => {
+  try {
+    return decodeURIComponent(s)
+  } catch {
+    return s
+  }
+}
+
+/**
+ * The path segments chi routes a request on, from the path as sent: Go
+ * decodes the path and keeps the raw form (`URL.RawPath`) when the raw form
+ * is not the canonical escaping of the decoded one; chi then routes — and
+ * reads its parameters — on the raw form. So `/v0/agents/a%20b` routes as
+ * `a b`, but `/v0/%68ealth` (an `h` escaped for nothing) is not
+ * `/v0/health`, and `/v0/agents/caf%c3%a9` (lower-case hex) names `caf%c3%a9`.
+ *
+ * @since 0.2.0
+ * @internal
+ */
+export const routedSegments = (path: string): ReadonlyArray<string> => {
+  const raw = path.split("/")
+  if (!path.includes("%")) return raw
+  const decoded = raw.map(decodeSegment)
+  for (let i = 0; i < raw.length; i++) if (escapePath(decoded[i]!) !== raw[i]) return raw
+  return decoded
+}
+
