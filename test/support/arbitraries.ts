@@ -1077,11 +1077,23 @@ const idText = (world: World, plan: IdPlan, kind: "execution" | "approval"): str
 /** Which execution a plan's lease and `{id}` point at. */
 const idTarget = (plan: IdPlan): Target => (plan.kind === "target" ? plan.target : "unknown")
 
+/**
+ * A path segment escaped as Go's `net/url` escapes a path (what stays as is:
+ * letters, digits, `-_.~$&+,/:;=@`): the reference kernel routes on the
+ * decoded path only when the path as sent is this canonical form.
+ */
+const goPathEscape = (s: string): string =>
+  Array.from(s).map((ch) =>
+    /^[A-Za-z0-9\-_.~$&+,/:;=@]$/.test(ch)
+      ? ch
+      : Array.from(new TextEncoder().encode(ch)).map((b) => "%" + b.toString(16).toUpperCase().padStart(2, "0")).join("")
+  ).join("")
+
 const buildUrl = (world: World, plan: RequestPlan): string => {
   const route = plan.route
   let path = route.path
-    .replace("{id}", encodeURIComponent(idText(world, plan.id, "execution")))
-    .replace("{approval}", encodeURIComponent(idText(world, plan.approval, "approval")))
+    .replace("{id}", goPathEscape(idText(world, plan.id, "execution")))
+    .replace("{approval}", goPathEscape(idText(world, plan.approval, "approval")))
     .replace(
       "{step_id}",
       plan.stepId === "existing"
