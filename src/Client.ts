@@ -43,6 +43,7 @@ import {
 import { HttpBody, HttpClient, HttpClientRequest } from "effect/http"
 import * as Http from "./internal/http/exchange.js"
 import { stringifyStrict } from "./internal/wire/json.js"
+import * as Path from "./internal/wire/path.js"
 import * as Protocol from "./Protocol.js"
 import { InvalidArguments, KernelError } from "./RebunoError.js"
 
@@ -686,7 +687,8 @@ const MAX_EVENTS_PAGE = 1000
 const clampEventsLimit = (limit: number | undefined): number =>
   limit === undefined || !(limit >= 1) ? DEFAULT_EVENTS_PAGE : Math.min(Math.floor(limit), MAX_EVENTS_PAGE)
 
-const seg = encodeURIComponent
+/** A path segment as the kernel routes it (Go's canonical escaping). */
+const seg = Path.segment
 
 const nonEmpty = (s: string | undefined): s is string => s !== undefined && s !== ""
 

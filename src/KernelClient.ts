@@ -54,6 +54,7 @@ import * as Http from "./internal/http/exchange.js"
 import * as SocketTransport from "./internal/http/socket.js"
 import * as Tracing from "./internal/http/tracing.js"
 import * as Transport from "./internal/http/transport.js"
+import * as Path from "./internal/wire/path.js"
 import * as Protocol from "./Protocol.js"
 import { KernelError, LeaseSuperseded, PolicyError, Terminated } from "./RebunoError.js"
 import * as Signature from "./Signature.js"
@@ -914,13 +915,13 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
   /** A run calls with the same execution id step after step: its path is kept. */
   const executionPath = (executionId: string) => {
     if (executionId !== lastExecutionId) {
-      lastExecutionPath = "/v0/executions/" + encodeURIComponent(executionId)
+      lastExecutionPath = "/v0/executions/" + Path.segment(executionId)
       lastExecutionId = executionId
     }
     return lastExecutionPath
   }
   const stepPath = (executionId: string, stepId: string) =>
-    executionPath(executionId) + "/steps/" + encodeURIComponent(stepId)
+    executionPath(executionId) + "/steps/" + Path.segment(stepId)
 
   /** Complete or fail a step: both are idempotent on the kernel, so both retry transport failures. */
   const postStepOutcome = (
@@ -1059,7 +1060,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
       Effect.suspend(() =>
         exchange(
           "PUT",
-          "/v0/agents/" + encodeURIComponent(agentId) + "/metadata",
+          "/v0/agents/" + Path.segment(agentId) + "/metadata",
           agentId,
           undefined,
           encoder.encode(
@@ -1119,7 +1120,7 @@ const makeService = (resolved: Resolved, transport: Transport.Send): KernelClien
         "bindResource",
         caller,
         executionId,
-        "/resources/" + encodeURIComponent(key) + "/binding",
+        "/resources/" + Path.segment(key) + "/binding",
         () => "{\"binding\":" + bindingJson + "}",
         unit
       ),

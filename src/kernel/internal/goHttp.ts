@@ -11,6 +11,7 @@
  * @since 0.2.0
  * @internal
  */
+import * as Path from "../../internal/wire/path.js"
 
 /**
  * What Go answers a request with, when not a route:
@@ -275,20 +276,6 @@ export const rawResponse = (v: Refusal): string =>
     ? `HTTP/1.1 ${v.status} ${v.reason}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n${v.body}`
     : `HTTP/1.1 ${v.status} ${v.reason}\r\nDate: ${new Date().toUTCString()}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`
 
-/** Bytes `net/url` leaves as they are in a path (`shouldEscape(c, encodePath)` false). */
-const PATH_SAFE = /^[A-Za-z0-9\-_.~$&+,/:;=@]$/
-const utf8 = new TextEncoder()
-
-/** `net/url`'s `escape(s, encodePath)`: the canonical escaping of a decoded path. */
-const escapePath = (s: string): string => {
-  let out = ""
-  for (const ch of s) {
-    if (PATH_SAFE.test(ch)) out += ch
-    else for (const b of utf8.encode(ch)) out += "%" + b.toString(16).toUpperCase().padStart(2, "0")
-  }
-  return out
-}
-
 const decodeSegment = (s: string): string => {
   try {
     return decodeURIComponent(s)
@@ -312,7 +299,7 @@ export const routedSegments = (path: string): ReadonlyArray<string> => {
   const raw = path.split("/")
   if (!path.includes("%")) return raw
   const decoded = raw.map(decodeSegment)
-  for (let i = 0; i < raw.length; i++) if (escapePath(decoded[i]!) !== raw[i]) return raw
+  for (let i = 0; i < raw.length; i++) if (Path.escapePath(decoded[i]!) !== raw[i]) return raw
   return decoded
 }
 
