@@ -10,6 +10,7 @@ import { Effect } from "effect"
 import { TestClock } from "effect/testing"
 import * as StepId from "../../src/StepId.js"
 import {
+  decide,
   FORBIDDEN,
   type Harness,
   harness,
@@ -20,6 +21,9 @@ import {
   RECORDED,
   running,
   type Running,
+  submit,
+  type Submission,
+  submitText,
   UNAUTHORIZED,
   UNKNOWN_ID,
   validationError
@@ -29,31 +33,6 @@ import {
 // Helpers
 // ---------------------------------------------------------------------------
 
-interface Submission {
-  readonly kind?: string
-  readonly target: string
-  readonly args?: unknown
-  readonly idempotency?: string
-  readonly resources?: unknown
-}
-
-const submitText = (s: Submission): string =>
-  JSON.stringify({
-    kind: s.kind ?? "tool_call",
-    target: s.target,
-    args: s.args ?? {},
-    idempotency: s.idempotency ?? "safe_to_retry",
-    ...(s.resources === undefined ? {} : { resources: s.resources })
-  })
-
-const submit = (h: Harness, run: Running, s: Submission, agentId = "hello") =>
-  h.agent(agentId, "POST", `/v0/executions/${run.id}/steps`, submitText(s), run.lease)
-
-const decide = (h: Harness, run: Running, s: Submission) =>
-  Effect.map(submit(h, run, s), (res) => {
-    expect(res.status, res.body).toBe(200)
-    return JSON.parse(res.body) as Record<string, any>
-  })
 
 const stepIdOf = (run: Running, s: Submission, occurrence = 0) =>
   StepId.make({

@@ -18,42 +18,14 @@ import * as Usage from "../../src/kernel/internal/usage.js"
 import * as Policy from "../../src/kernel/Policy.js"
 import * as StepId from "../../src/StepId.js"
 import * as FakeOpenAi from "../support/fakeOpenAi.js"
-import { type Harness, harness, running, type Running } from "../support/currentRoutes.js"
+import { decide, errorBody, type Harness, harness, running, type Running, submit, type Submission, submitText, validationError } from "../support/currentRoutes.js"
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
 
 const sha256 = (text: string): string => createHash("sha256").update(text, "utf8").digest("hex")
-const errorBody = (code: string, message: string) => JSON.stringify({ code, message }) + "\n"
-const validationError = (message: string) => errorBody("validation_error", message)
 
-interface Submission {
-  readonly kind?: string
-  readonly target: string
-  readonly args?: unknown
-  readonly idempotency?: string
-  readonly resources?: unknown
-}
-
-const submitText = (s: Submission): string =>
-  JSON.stringify({
-    kind: s.kind ?? "tool_call",
-    target: s.target,
-    args: s.args ?? {},
-    idempotency: s.idempotency ?? "safe_to_retry",
-    ...(s.resources === undefined ? {} : { resources: s.resources })
-  })
-
-const submit = (h: Harness, run: Running, s: Submission, agentId = "hello") =>
-  h.agent(agentId, "POST", `/v0/executions/${run.id}/steps`, submitText(s), run.lease)
-
-/** Submits and answers the parsed decision (status 200 expected). */
-const decide = (h: Harness, run: Running, s: Submission, agentId = "hello") =>
-  Effect.map(submit(h, run, s, agentId), (res) => {
-    expect(res.status, res.body).toBe(200)
-    return JSON.parse(res.body) as Record<string, unknown>
-  })
 
 const complete = (h: Harness, run: Running, stepId: string, result: unknown) =>
   Effect.map(

@@ -239,3 +239,31 @@ export const wireEvents = (h: Harness, id: string) =>
         WireEvent
       >
   )
+
+/** A step submission of PROTOCOL-CURRENT C.8.1 (defaults: a safe-to-retry tool call with `{}` args). */
+export interface Submission {
+  readonly kind?: string
+  readonly target: string
+  readonly args?: unknown
+  readonly idempotency?: string
+  readonly resources?: unknown
+}
+
+export const submitText = (s: Submission): string =>
+  JSON.stringify({
+    kind: s.kind ?? "tool_call",
+    target: s.target,
+    args: s.args ?? {},
+    idempotency: s.idempotency ?? "safe_to_retry",
+    ...(s.resources === undefined ? {} : { resources: s.resources })
+  })
+
+export const submit = (h: Harness, run: Running, s: Submission, agentId = "hello") =>
+  h.agent(agentId, "POST", `/v0/executions/${run.id}/steps`, submitText(s), run.lease)
+
+/** Submits and answers the parsed decision (status 200 expected). */
+export const decide = (h: Harness, run: Running, s: Submission, agentId = "hello") =>
+  Effect.map(submit(h, run, s, agentId), (res) => {
+    expect(res.status, res.body).toBe(200)
+    return JSON.parse(res.body) as Record<string, any>
+  })
