@@ -55,7 +55,7 @@ import type {
   Settings,
   StepRecord
 } from "./internal/model.js"
-import { defaultSettings, KernelFailure, notFound } from "./internal/model.js"
+import { defaultSettings, isTerminalExecution, KernelFailure, notFound } from "./internal/model.js"
 import * as Forks from "./internal/forks.js"
 import * as Resources from "./internal/resources.js"
 import type { CoreState } from "./internal/state.js"
@@ -354,6 +354,12 @@ export interface KernelCore {
   readonly getExecution: (id: string) => Effect.Effect<ExecutionRecord, KernelFailure>
   /** {@link getExecution} as a plain lookup (`undefined` when unknown), for in-process callers on a hot path. */
   readonly unsafeGetExecution: (id: string) => ExecutionRecord | undefined
+  /**
+   * The earliest deadline (epoch millis) of an execution not yet terminal,
+   * `undefined` when none has one; a plain read, for in-process callers (the
+   * test kit's virtual time moves straight to the deadline sweep that is due).
+   */
+  readonly unsafeEarliestDeadline: () => number | undefined
   readonly listExecutions: (q: {
     readonly agentId: string
     readonly status: string
@@ -686,6 +692,16 @@ const makeWith = (options: Partial<Settings> | undefined, signal: Queue.Queue<vo
     createExecution: (r) => atomic((now) => Lifecycle.create(state, r, now)),
     getExecution: (id) => read(() => executions.byId.get(id)?.record ?? notFound()),
     unsafeGetExecution: (id) => executions.byId.get(id)?.record,
+    unsafeEarliestDeadline: () => {
+      let earliest: number | undefined
+      for (const ex of executions.deadlines.values()) {
+        const at = ex.record.deadlineAtMs
+        if (at !== undefined && !isTerminalExecution(ex.record.status) && (earliest === undefined || at < earliest)) {
+          earliest = at
+        }
+      }
+      return earliest
+    },
     listExecutions: (q) => Effect.sync(() => executions.list(q)),
     cancelExecution: (id) => atomic((now) => Lifecycle.cancel(state, id, now)),
     previousState: (id) => read(() => Lifecycle.previous(state, id)),

@@ -69,6 +69,7 @@ import { stringifyStrict } from "../internal/wire/json.js"
 import { Activity } from "./internal/activity.js"
 import { CallLog } from "./internal/callLog.js"
 import * as Clients from "./internal/clients.js"
+import * as DeadlineSweeps from "./internal/deadlineSweeps.js"
 import type * as DirectClient from "./internal/directClient.js"
 import * as Faults from "./internal/faults.js"
 import * as Forks from "./internal/forks.js"
@@ -848,7 +849,12 @@ export const make = <R = never>(
       activity,
       ...(apiToken === undefined ? {} : { apiToken })
     })
-    const dispatcher = yield* Dispatcher.make(core, { deliver: processes.deliver, background: false })
+    const sweeps = DeadlineSweeps.make(core)
+    const dispatcher = yield* Dispatcher.make(sweeps.core, {
+      deliver: processes.deliver,
+      background: false,
+      ...sweeps.dispatcherOptions
+    })
     yield* Effect.addFinalizer(() => processes.close)
 
     /** The registered agents by id: a fork of a typed result decodes its output with the agent's Schema. */
@@ -893,6 +899,7 @@ export const make = <R = never>(
       processes,
       faults,
       callLog,
+      sweeps,
       result: (executionId, timedOut) =>
         Views.runResult(core, executionId, (id) => ({
           deliveries: processes.deliveries(id),

@@ -18,6 +18,13 @@
  * that instant when no kernel work is due and nothing has moved since the
  * last tick (such a tick would do nothing).
  *
+ * With execution deadlines on, the kernel work due includes the next
+ * deadline sweep that finds a deadline past, on the schedule the dispatcher
+ * sweeps on when every tick of the grid is made (`DeadlineSweeps`): the
+ * ticks skipped before it count as the sweeps they would have been, so the
+ * execution is cancelled at the same virtual time as when every 250 ms tick
+ * was made, without making them.
+ *
  * @since 0.2.0
  * @internal
  */
@@ -28,6 +35,7 @@ import * as Protocol from "../../Protocol.js"
 import type { RunOptions, RunResult } from "../TestKernel.js"
 import { type Activity, yieldRound } from "./activity.js"
 import type { CallLog } from "./callLog.js"
+import type { DeadlineSweeps } from "./deadlineSweeps.js"
 import type { Faults } from "./faults.js"
 import { leaseTimeoutOf, type Processes } from "./processes.js"
 import * as Views from "./views.js"
@@ -47,9 +55,10 @@ export const makeSettle = (options: {
   readonly processes: Processes
   readonly faults: Faults
   readonly callLog: CallLog
+  readonly sweeps: DeadlineSweeps
   readonly result: (executionId: string, timedOut: boolean) => Effect.Effect<RunResult, Core.KernelFailure>
 }): (executionId: string, runOptions?: RunOptions) => Effect.Effect<RunResult, Core.KernelFailure> => {
-  const { activity, callLog, clock, core, dispatcher, faults, processes } = options
+  const { activity, callLog, clock, core, dispatcher, faults, processes, sweeps } = options
 
   /**
    * Whether the calls logged from `from` on are all heartbeats that reached
@@ -82,8 +91,11 @@ export const makeSettle = (options: {
     }
   })
 
-  /** The earliest virtual time at which a tick would have something to do (`Infinity` if never). */
-  const kernelDue = (now: number): Effect.Effect<number> =>
+  /**
+   * The earliest virtual time at which a tick would have something to do
+   * (`Infinity` if never), deadline sweeps aside (see {@link DeadlineSweeps.due}).
+   */
+  const kernelDue: Effect.Effect<number> =
     Effect.gen(function*() {
       let due = Infinity
       for (const d of yield* core.dispatches()) {
@@ -94,7 +106,6 @@ export const makeSettle = (options: {
         }
       }
       for (const approval of yield* core.listApprovals()) due = Math.min(due, approval.timeoutAtMs)
-      if (core.settings.deadlineMs !== undefined) due = Math.min(due, now + 1)
       return due
     })
 
@@ -142,6 +153,9 @@ export const makeSettle = (options: {
         ? Dispatcher.defaults.currentTickIntervalMs
         : Dispatcher.defaults.tickIntervalMs
       const start = yield* Clock.currentTimeMillis
+      const grid = { start, tickMs }
+      // (`deadlineMs` is read where it is used: a test may turn deadlines on or off between settles.)
+      const deadlinesOn = () => core.settings.deadlineMs !== undefined
       const deadline = start + Duration.toMillis(Duration.fromInputUnsafe(runOptions?.timeout ?? Duration.hours(1)))
       let lastTick: number | undefined
       /** The last wake-up only beat (see the module's doc): no waiting for quiet after it. */
@@ -163,7 +177,10 @@ export const makeSettle = (options: {
           moved = true
         }
         // After a wake-up that only beat, a tick with no kernel work due and nothing moved since the last one would do nothing.
-        if (tickNow && quiet && !moved && now < dueAt && core.settings.deadlineMs === undefined) tickNow = false
+        if (tickNow && quiet && !moved && now < dueAt) {
+          tickNow = false
+          if (deadlinesOn()) sweeps.skippedAt(now)
+        }
         const progress = activity.progress
         if (tickNow) {
           lastTick = now
@@ -184,16 +201,20 @@ export const makeSettle = (options: {
         }
         // Move virtual time to the next thing that can happen: a sleep ending, or a
         // tick (on the grid) with kernel work due.
-        const due = yield* kernelDue(current)
+        const due = yield* kernelDue
         const gridAfter = (t: number) => start + Math.ceil((Math.max(t, current + 1) - start) / tickMs) * tickMs
         dueAt = Number.isFinite(due) ? gridAfter(due) : Infinity
+        if (deadlinesOn()) dueAt = Math.min(dueAt, sweeps.due(grid, current))
         const sleeps = clock.pendingSleeps().filter((t) => t > current)
         let next = Math.min(dueAt, ...sleeps)
         if (!Number.isFinite(next)) next = gridAfter(current + 1)
         const calls = callLog.size
         const inFlight = activity.inFlight
         clock.takeWakeUps()
-        yield* clock.adjust(Duration.millis(Math.min(next, deadline) - current))
+        const to = Math.min(next, deadline)
+        // The ticks of the grid points jumped over would have found nothing due: deadline sweeps included.
+        if (deadlinesOn()) sweeps.passed(grid, current, to)
+        yield* clock.adjust(Duration.millis(to - current))
         const woke = clock.takeWakeUps()
         quiet = woke.run === 0 && inFlight <= 0 && activity.inFlight <= 0 && !faults.expiryRequested() &&
           onlyBeats(calls)
