@@ -260,9 +260,9 @@ export interface AgentRuntime {
 }
 
 /**
- * The heartbeat interval of PROTOCOL.md 5.8, in milliseconds:
- * `min(lease × 1000 / 3, 30 000)`, at least 1 000, and 30 000 when the lease
- * timeout is unknown.
+ * The heartbeat interval of PROTOCOL.md 5.8, in whole milliseconds:
+ * `min(lease × 1000 / 3, 30 000)` rounded down, at least 1 000, and 30 000
+ * when the lease timeout is unknown.
  *
  * @since 0.1.0
  * @category runtime
@@ -270,7 +270,7 @@ export interface AgentRuntime {
 export const heartbeatIntervalMillis = (leaseTimeoutSeconds: number | undefined): number =>
   leaseTimeoutSeconds === undefined || !(leaseTimeoutSeconds > 0) ?
     30_000 :
-    Math.max(1_000, Math.min((leaseTimeoutSeconds * 1_000) / 3, 30_000))
+    Math.max(1_000, Math.min(Math.floor((leaseTimeoutSeconds * 1_000) / 3), 30_000))
 
 interface ActiveRun {
   readonly dispatchId: string

@@ -424,6 +424,7 @@ describe("heartbeats", () => {
       expect(Agent.heartbeatIntervalMillis(undefined)).toBe(30_000)
       expect(Agent.heartbeatIntervalMillis(120)).toBe(30_000)
       expect(Agent.heartbeatIntervalMillis(30)).toBe(10_000)
+      expect(Agent.heartbeatIntervalMillis(47)).toBe(15_666) // whole milliseconds
       expect(Agent.heartbeatIntervalMillis(0.3)).toBe(1_000)
     }))
 

@@ -62,6 +62,28 @@ describe("TestKernel: long virtual sleeps", () => {
     }).pipe(Effect.provide(TestKernel.layer({ agents: [sleeper] })))
   })
 
+  it.effect("a lease timeout not divisible by 3 ms (47 s): the heartbeat interval is whole milliseconds and a 1-hour sleep settles", () => {
+    const { ran, stamp } = makeStamp()
+    const sleeper = Agent.make({
+      id: "sleeper",
+      handler: () =>
+        Effect.gen(function*() {
+          yield* Effect.sleep("1 hour")
+          return yield* stamp({ who: "sleeper" })
+        })
+    })
+    return Effect.gen(function*() {
+      const kernel = yield* TestKernel.TestKernel
+      const start = yield* Clock.currentTimeMillis
+      const run = yield* kernel.run(sleeper, {}, { timeout: "2 hours" })
+      expect(run.status).toBe("completed")
+      expect(ran).toEqual([{ who: "sleeper", atMs: start + HOUR }])
+      const times = beats(run)
+      expect(times.length).toBe(Math.floor(HOUR / 15_666))
+      expect(times.every((t, i) => t === start + (i + 1) * 15_666)).toBe(true)
+    }).pipe(Effect.provide(TestKernel.layer({ agents: [sleeper], settings: { leaseTimeoutMs: 47_000 } })))
+  })
+
   it.effect("a durable Step.sleep of 30 days completes with timeout: \"30 days\" and more", () => {
     const sleeper = Agent.make({
       id: "sleeper",
