@@ -73,10 +73,13 @@ const makeNonDeterministic = () => {
     success: Schema.String,
     execute: ({ query }) => Effect.succeed(`results for ${query}`)
   })
+  // reads something outside the recorded steps that changes between runs (a wall clock would, but two runs
+  // can fall in the same millisecond on a fast kit: a counter always differs)
+  let reads = 0
   return Agent.make({
     id: "clocky",
     input: Schema.Struct({ query: Schema.String }),
-    handler: ({ query }) => search({ query, at: Date.now() })
+    handler: ({ query }) => search({ query, at: Date.now() * 1000 + ++reads })
   })
 }
 
