@@ -495,12 +495,24 @@ const inFlightOf = (socket: Net.Socket): InFlight | undefined =>
 /**
  * Runs `then` once the answers of the requests already read on `socket` are
  * written — Node attaches each queued answer to the socket in turn when the
- * one before it finishes — or never, if the connection closes first.
+ * one before it finishes — or never, if the connection closes first. When one
+ * of them ends the connection (its request said `Connection: close`, or
+ * HTTP/1.0), runs `last` instead: nothing after it was to be read.
  */
-const afterInFlight = (socket: Net.Socket, then: () => void): void => {
+const afterInFlight = (socket: Net.Socket, then: () => void, last: () => void): void => {
   const current = inFlightOf(socket)
-  if (current === undefined || current.writableFinished) return then()
-  current.once("finish", () => afterInFlight(socket, then))
+  if (current === undefined) return then()
+  const ends = endsConnection(current.req)
+  if (current.writableFinished) return ends ? last() : then()
+  current.once("finish", () => (ends ? last() : afterInFlight(socket, then, last)))
+}
+
+/** Whether the client asked for the connection to end after this request (`Connection: close`, or HTTP/1.0 without keep-alive). */
+const endsConnection = (request: Http.IncomingMessage | undefined): boolean => {
+  if (request === undefined) return false
+  const connection = (request.headers.connection ?? "").toLowerCase()
+  if (/(^|[\s,])close($|[\s,])/.test(connection)) return true
+  return request.httpVersionMajor === 1 && request.httpVersionMinor === 0 && !connection.includes("keep-alive")
 }
 
 /**
@@ -524,7 +536,7 @@ const onClientError = (err: Error & { code?: string; rawPacket?: Buffer }, socke
     return hangUp(socket, inFlight.headersSent ? undefined : GoHttp.rawResponse(GoHttp.badRequest))
   }
   const answer = refusalOf(err)
-  afterInFlight(socket, () => hangUp(socket, answer))
+  afterInFlight(socket, () => hangUp(socket, answer), () => hangUp(socket))
 }
 
 /** The bytes Go answers the request Node's parser refused with. */
