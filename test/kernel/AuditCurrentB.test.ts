@@ -8,7 +8,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
-import * as StepId from "../../src/StepId.js"
 import {
   decide,
   FORBIDDEN,
@@ -16,13 +15,16 @@ import {
   harness,
   JSON_TYPE,
   LEASE_SUPERSEDED,
-  leaseOf,
+  claimNext,
+  complete,
+  loadPolicy,
+  nothingDue,
   NOT_FOUND,
   RECORDED,
   running,
   type Running,
   submit,
-  type Submission,
+  stepIdOf,
   submitText,
   UNAUTHORIZED,
   UNKNOWN_ID,
@@ -33,40 +35,8 @@ import {
 // Helpers
 // ---------------------------------------------------------------------------
 
-
-const stepIdOf = (run: Running, s: Submission, occurrence = 0) =>
-  StepId.make({
-    executionId: run.id,
-    kind: s.kind ?? "tool_call",
-    target: s.target,
-    argsHash: StepId.argsHash(JSON.stringify(s.args ?? {})),
-    occurrence
-  })
-
 const outcome = (h: Harness, run: Running, stepId: string, route: "complete" | "fail", body: unknown) =>
   h.agent("hello", "POST", `/v0/executions/${run.id}/steps/${stepId}/${route}`, JSON.stringify(body), run.lease)
-
-const complete = (h: Harness, run: Running, stepId: string, result: unknown) =>
-  Effect.map(outcome(h, run, stepId, "complete", { result }), (res) => {
-    expect(res.body).toBe(RECORDED)
-  })
-
-const loadPolicy = (h: Harness, agentId: string, bundle: string) =>
-  Effect.map(h.send("POST", `/v0/policies/${agentId}`, { body: JSON.stringify({ bundle }) }), (res) => {
-    expect(res.status, res.body).toBe(204)
-  })
-
-const claimNext = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims): Running => {
-    const claim = claims.find((c) => c.executionId === id)
-    if (claim === undefined) throw new Error("no due dispatch for " + id)
-    return { id, lease: leaseOf(claim) }
-  })
-
-const nothingDue = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims) => {
-    expect(claims.some((c) => c.executionId === id)).toBe(false)
-  })
 
 const types = (h: Harness, id: string, from = 0) =>
   Effect.map(h.core.eventLog(id), (log) => log.slice(from).map((e) => e.type))

@@ -16,9 +16,23 @@ import * as KernelConfig from "../../src/kernel/Config.js"
 import * as Core from "../../src/kernel/Core.js"
 import * as Usage from "../../src/kernel/internal/usage.js"
 import * as Policy from "../../src/kernel/Policy.js"
-import * as StepId from "../../src/StepId.js"
 import * as FakeOpenAi from "../support/fakeOpenAi.js"
-import { decide, errorBody, type Harness, harness, running, type Running, submit, type Submission, submitText, validationError } from "../support/currentRoutes.js"
+import {
+  claimNext,
+  complete,
+  decide,
+  errorBody,
+  type Harness,
+  harness,
+  loadPolicy,
+  nothingDue,
+  running,
+  type Running,
+  stepIdOf,
+  submit,
+  submitText,
+  validationError
+} from "../support/currentRoutes.js"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -26,14 +40,6 @@ import { decide, errorBody, type Harness, harness, running, type Running, submit
 
 const sha256 = (text: string): string => createHash("sha256").update(text, "utf8").digest("hex")
 
-
-const complete = (h: Harness, run: Running, stepId: string, result: unknown) =>
-  Effect.map(
-    h.agent("hello", "POST", `/v0/executions/${run.id}/steps/${stepId}/complete`, JSON.stringify({ result }), run.lease),
-    (res) => {
-      expect(res.body).toBe("{\"decision\":\"recorded\"}\n")
-    }
-  )
 
 const fail = (h: Harness, run: Running, stepId: string, error: unknown) =>
   Effect.map(
@@ -60,38 +66,11 @@ const eventsAfter = (h: Harness, id: string, n: number) => Effect.map(events(h, 
 
 const types = (list: ReadonlyArray<WireEvent>) => list.map((e) => e.type)
 
-const loadPolicy = (h: Harness, agentId: string, bundle: string) =>
-  Effect.map(h.send("POST", `/v0/policies/${agentId}`, { body: JSON.stringify({ bundle }) }), (res) => {
-    expect(res.status, res.body).toBe(204)
-  })
-
 /** Retires the run's dispatch (its lease lapses) and claims the redelivery. */
 const redeliver = (h: Harness, run: Running) =>
   Effect.gen(function*() {
     yield* h.core.expireLeases()
     return yield* claimNext(h, run.id)
-  })
-
-/** Claims the execution's next due dispatch. */
-const claimNext = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims): Running => {
-    const claim = claims.find((c) => c.executionId === id)
-    if (claim === undefined) throw new Error("no due dispatch for " + id)
-    return { id, lease: { "Rebuno-Dispatch-Id": claim.dispatchId, "Rebuno-Dispatch-Attempt": String(claim.attempt) } }
-  })
-
-const nothingDue = (h: Harness, id: string) =>
-  Effect.map(h.core.claimDue(100), (claims) => {
-    expect(claims.some((c) => c.executionId === id)).toBe(false)
-  })
-
-const stepIdOf = (run: Running, s: Submission, occurrence = 0) =>
-  StepId.make({
-    executionId: run.id,
-    kind: s.kind ?? "tool_call",
-    target: s.target,
-    argsHash: StepId.argsHash(JSON.stringify(s.args ?? {})),
-    occurrence
   })
 
 const stepsOf = (h: Harness, id: string) =>

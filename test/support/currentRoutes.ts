@@ -10,6 +10,7 @@ import { Clock, Effect } from "effect"
 import * as Core from "../../src/kernel/Core.js"
 import * as Routes from "../../src/kernel/Routes.js"
 import * as Signature from "../../src/Signature.js"
+import * as StepId from "../../src/StepId.js"
 
 const encoder = new TextEncoder()
 const decoder = new TextDecoder()
@@ -266,4 +267,43 @@ export const decide = (h: Harness, run: Running, s: Submission, agentId = "hello
   Effect.map(submit(h, run, s, agentId), (res) => {
     expect(res.status, res.body).toBe(200)
     return JSON.parse(res.body) as Record<string, any>
+  })
+
+/** The step id (PROTOCOL 8.2) of a submission's `occurrence`-th call in the run's execution. */
+export const stepIdOf = (run: Running, s: Submission, occurrence = 0) =>
+  StepId.make({
+    executionId: run.id,
+    kind: s.kind ?? "tool_call",
+    target: s.target,
+    argsHash: StepId.argsHash(JSON.stringify(s.args ?? {})),
+    occurrence
+  })
+
+/** Completes a step over the wire (answer `recorded` expected). */
+export const complete = (h: Harness, run: Running, stepId: string, result: unknown) =>
+  Effect.map(
+    h.agent("hello", "POST", `/v0/executions/${run.id}/steps/${stepId}/complete`, JSON.stringify({ result }), run.lease),
+    (res) => {
+      expect(res.body).toBe(RECORDED)
+    }
+  )
+
+/** Loads a policy bundle over the wire (204 expected). */
+export const loadPolicy = (h: Harness, agentId: string, bundle: string) =>
+  Effect.map(h.send("POST", `/v0/policies/${agentId}`, { body: JSON.stringify({ bundle }) }), (res) => {
+    expect(res.status, res.body).toBe(204)
+  })
+
+/** Claims the execution's next due dispatch. */
+export const claimNext = (h: Harness, id: string) =>
+  Effect.map(h.core.claimDue(100), (claims): Running => {
+    const claim = claims.find((c) => c.executionId === id)
+    if (claim === undefined) throw new Error("no due dispatch for " + id)
+    return { id, lease: leaseOf(claim) }
+  })
+
+/** Asserts the execution has no due dispatch. */
+export const nothingDue = (h: Harness, id: string) =>
+  Effect.map(h.core.claimDue(100), (claims) => {
+    expect(claims.some((c) => c.executionId === id)).toBe(false)
   })
